@@ -1,0 +1,64 @@
+# mcpfleet: every target creates what it needs first, so `make run` and
+# `make test` work on a fresh machine.
+SHELL := /bin/bash
+# Never put the working directory on sys.path: the repo's operator/ folder
+# would shadow the standard library's operator module.
+export PYTHONSAFEPATH := 1
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CACHE := .cache
+BIN := $(CACHE)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the fleet needs (redis-server, prometheus): installed if missing.
+deps:
+	bash hack/ensure-debs.sh
+
+# Kubernetes tools (helm, etcd, kube-apiserver, ...) built from the pinned Go module.
+tools:
+	bash hack/tools/build.sh $(BIN)
+
+run: venv deps
+	$(VENV)/bin/mcpfleet dev
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy server operator
+
+test: venv deps tools lint typecheck
+	$(PY) -m pytest tests
+
+test-unit: venv
+	$(PY) -m pytest tests -m unit
+
+test-fleet: venv deps
+	$(PY) -m pytest tests -m fleet
+
+test-controlplane: venv deps tools
+	$(PY) -m pytest tests -m controlplane
+
+cluster-up: venv tools
+	PYTHONPATH=tests $(PY) -m fleetkit.controlplane up
+
+cluster-down: venv
+	PYTHONPATH=tests $(PY) -m fleetkit.controlplane down
+
+bench: venv deps
+	$(PY) -m tests.bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

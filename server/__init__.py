@@ -1,0 +1,7 @@
+"""mcpfleet's replica runtime, router and the contract shared with the operator.
+
+Imported as ``mcpfleet.server``; the folder is mapped under the ``mcpfleet``
+namespace so that nothing here shadows a standard-library module.
+"""
+
+__version__ = "0.1.0"
