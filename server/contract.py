@@ -1,0 +1,169 @@
+"""The contract shared by the replicas, the router and the operator.
+
+Everything two mcpfleet components must agree on lives here and only here:
+the key ring file inside the Secret, Redis key names, the attestation record a
+replica publishes, HTTP header names and Kubernetes label names. The operator
+imports this module; so does every part of the server package. Changing a
+value here is a wire change between components of different versions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+# --- Key ring, as mounted from the Secret ------------------------------------
+
+#: The Secret data key (and so the file name in the mounted volume) that holds
+#: the ring. One file, so a ring is swapped as a whole, never key by key.
+KEYRING_FILE = "keyring.json"
+
+#: Version of the key ring document; readers refuse versions they do not know.
+KEYRING_FORMAT_VERSION = 1
+
+#: Where a rotation stands, as recorded in the ring document itself, so that
+#: the Secret alone tells a restarted operator (or `mcpfleet keys`) what next.
+RingPhase = Literal["stable", "staged", "promoted"]
+RING_PHASES: tuple[RingPhase, ...] = ("stable", "staged", "promoted")
+
+# --- HTTP ---------------------------------------------------------------------
+
+#: Every response that passed through the fleet names the replica that served it.
+REPLICA_HEADER = "X-Mcpfleet-Replica"
+#: Set by a draining replica on the 503 it answers for work it will not take,
+#: so a router may safely send that request elsewhere.
+DRAINING_HEADER = "X-Mcpfleet-Draining"
+SESSION_HEADER = "Mcp-Session-Id"
+PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
+MCP_PATH = "/mcp"
+
+# --- Redis ----------------------------------------------------------------------
+
+DEFAULT_FLEET = "default"
+_FLEET_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def check_fleet_name(fleet: str) -> str:
+    """Return ``fleet`` if it is a valid fleet name (a DNS label), else raise ValueError."""
+    if not _FLEET_NAME.match(fleet):
+        raise ValueError(f"fleet name must be a DNS label (a-z, 0-9, '-'), got {fleet!r}")
+    return fleet
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Names of every Redis key mcpfleet uses, scoped by fleet.
+
+    Several fleets (say, two Helm releases) may share one Redis: each key
+    carries the fleet name. Keys hold routing facts and key ids, never keys.
+    """
+
+    fleet: str = DEFAULT_FLEET
+
+    def __post_init__(self) -> None:
+        check_fleet_name(self.fleet)
+
+    @property
+    def prefix(self) -> str:
+        return f"mcpfleet:{self.fleet}"
+
+    @property
+    def replicas(self) -> str:
+        """A set of the names of replicas that have ever registered (pruned lazily)."""
+        return f"{self.prefix}:replicas"
+
+    def replica(self, name: str) -> str:
+        """The attestation record of one replica (JSON), expiring with its heartbeat."""
+        return f"{self.prefix}:replica:{name}"
+
+    def session(self, session_id: str) -> str:
+        """The owner (replica name) of one handshake-era session."""
+        return f"{self.prefix}:session:{session_id}"
+
+
+# --- Attestation ------------------------------------------------------------------
+
+ReplicaState = Literal["serving", "draining"]
+REPLICA_STATES: tuple[ReplicaState, ...] = ("serving", "draining")
+
+#: Default heartbeat period and record TTL, in seconds. A replica that stops
+#: heart-beating disappears from the registry after the TTL.
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_TTL = 3.0
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """What a replica publishes about itself under :meth:`RedisKeys.replica`.
+
+    ``kids`` is the ordered list of key ids of the ring the replica has LOADED
+    (first seals), not merely what is on disk: the operator advances a rotation
+    only when every replica attests the ring it needs.
+    """
+
+    name: str
+    address: str
+    state: ReplicaState
+    kids: tuple[str, ...]
+    heartbeat: float
+    sessions: int = 0
+    inflight: int = 0
+    started: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["kids"] = list(self.kids)
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Attestation:
+        """Parse a record; raise ValueError on anything malformed."""
+        try:
+            data: Any = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"attestation is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("attestation is not a JSON object")
+        try:
+            name, address, state = data["name"], data["address"], data["state"]
+            kids, heartbeat = data["kids"], data["heartbeat"]
+        except KeyError as exc:
+            raise ValueError(f"attestation lacks {exc.args[0]!r}") from None
+        if not (isinstance(name, str) and isinstance(address, str)):
+            raise ValueError("attestation name/address must be strings")
+        if state not in REPLICA_STATES:
+            raise ValueError(f"attestation state {state!r} is not one of {REPLICA_STATES}")
+        if not (isinstance(kids, list) and all(isinstance(k, str) for k in kids)):
+            raise ValueError("attestation kids must be a list of strings")
+        if not isinstance(heartbeat, int | float) or not math.isfinite(heartbeat):
+            raise ValueError("attestation heartbeat must be a number")
+        labels = data.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise ValueError("attestation labels must be an object")
+        return cls(
+            name=name,
+            address=address,
+            state=state,
+            kids=tuple(kids),
+            heartbeat=float(heartbeat),
+            sessions=int(data.get("sessions", 0)),
+            inflight=int(data.get("inflight", 0)),
+            started=float(data.get("started", 0.0)),
+            labels={str(k): str(v) for k, v in labels.items()},
+        )
+
+
+# --- Kubernetes -------------------------------------------------------------------
+
+LABEL_PREFIX = "mcpfleet.dev"
+#: Label on replica pods naming the KeyRing they consume.
+KEYRING_LABEL = f"{LABEL_PREFIX}/keyring"
+#: Label naming the mcpfleet component of a pod (server, router, operator).
+COMPONENT_LABEL = "app.kubernetes.io/component"
+#: Pod annotation the operator bumps after writing the Secret, so the kubelet
+#: refreshes the volume now rather than after its sync period.
+KEYRING_NUDGE_ANNOTATION = f"{LABEL_PREFIX}/keyring-generation"
