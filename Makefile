@@ -36,8 +36,13 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy reads the package through a symlink tree shaped like the installed one
+# (mcpfleet/server -> server/, mcpfleet/operator -> operator/).
 typecheck: venv
-	$(VENV)/bin/mypy server operator
+	mkdir -p $(CACHE)/typecheck/mcpfleet
+	ln -sfn ../../../server $(CACHE)/typecheck/mcpfleet/server
+	ln -sfn ../../../operator $(CACHE)/typecheck/mcpfleet/operator
+	cd $(CACHE)/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p mcpfleet.server -p mcpfleet.operator
 
 test: venv deps tools lint typecheck
 	$(PY) -m pytest tests

@@ -54,8 +54,12 @@ class KeyRingWatcher:
         except KeyRingError as exc:
             self._seen = current
             self.reload_errors += 1
-            log.error("key ring in %s not loaded, keeping kids %s: %s",
-                      self.directory, list(self.codec.kids), exc)
+            log.error(
+                "key ring in %s not loaded, keeping kids %s: %s",
+                self.directory,
+                list(self.codec.kids),
+                exc,
+            )
             if self._on_error is not None:
                 self._on_error(str(exc))
             return False

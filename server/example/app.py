@@ -18,9 +18,8 @@ from typing import Annotated, Literal
 
 from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
-from pydantic import BaseModel, Field
-
 from mcpfleet.server.example.flows import Answers, Outcome, Question, ask, first_missing
+from pydantic import BaseModel, Field
 
 #: Every replica must use one explicit name: it is also the request-state audience.
 app = FastMCP(
@@ -159,9 +158,7 @@ async def tag_document(
     document: Annotated[str, Field(min_length=1, max_length=200)], ctx: Context
 ) -> str | InputRequiredResult:
     """Let the user pick any number of tags for a document."""
-    outcome = await ask(
-        ctx, first_missing([Question("tags", f"Tags for {document}?", [TAGS])])
-    )
+    outcome = await ask(ctx, first_missing([Question("tags", f"Tags for {document}?", [TAGS])]))
     if isinstance(outcome, InputRequiredResult):
         return outcome
     if not outcome.done:
@@ -188,9 +185,7 @@ async def create_task(
     project: Annotated[str, Field(min_length=1, max_length=80)], ctx: Context
 ) -> str | InputRequiredResult:
     """Create a task in a project from a form the user fills in."""
-    outcome = await ask(
-        ctx, first_missing([Question("task", f"New task in {project}", TaskForm)])
-    )
+    outcome = await ask(ctx, first_missing([Question("task", f"New task in {project}", TaskForm)]))
     if isinstance(outcome, InputRequiredResult):
         return outcome
     if not outcome.done:
@@ -211,8 +206,14 @@ async def create_task(
 async def draft_email(recipient: str, ctx: Context) -> str | InputRequiredResult:
     """A prompt for drafting an email; asks which tone to use."""
     outcome = await ask(
-        ctx, first_missing([Question("tone", f"Tone of the email to {recipient}?",
-                                     ["formal", "friendly", "brief"])])
+        ctx,
+        first_missing(
+            [
+                Question(
+                    "tone", f"Tone of the email to {recipient}?", ["formal", "friendly", "brief"]
+                )
+            ]
+        ),
     )
     if isinstance(outcome, InputRequiredResult):
         return outcome

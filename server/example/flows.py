@@ -94,8 +94,11 @@ def _fold(ctx: Context, answers: Answers, next_question: NextQuestion) -> Outcom
     if not isinstance(result, ElicitResult):
         raise ValueError(f"expected an elicitation result for {pending!r}")
     if result.action != "accept":
-        return Outcome(status="declined" if result.action == "decline" else "cancelled",
-                       answers=answers, key=pending)
+        return Outcome(
+            status="declined" if result.action == "decline" else "cancelled",
+            answers=answers,
+            key=pending,
+        )
     question = next_question(answers)
     if question is None or question.key != pending:
         raise ValueError(f"answer for {pending!r} does not match the flow")
@@ -117,8 +120,7 @@ async def ask(ctx: Context, next_question: NextQuestion) -> Outcome | InputRequi
             return Outcome(status="done", answers=answers)
         config = parse_elicit_response_type(question.response_type)
         request = ElicitRequest(
-            params=ElicitRequestFormParams(message=question.message,
-                                           requested_schema=config.schema)
+            params=ElicitRequestFormParams(message=question.message, requested_schema=config.schema)
         )
         state = json.dumps({**answers, _PENDING: question.key}, separators=(",", ":"))
         return InputRequiredResult(input_requests={question.key: request}, request_state=state)

@@ -1,0 +1,1 @@
+"""Key ring rotation for the kopf operator (built by the operator issue)."""

@@ -1,0 +1,260 @@
+"""The ``mcpfleet`` command line.
+
+Subcommands: ``serve`` (one replica), ``router``, ``keys`` (generate and
+rotate a local key ring directory), ``dev`` (a whole local fleet), ``demo``
+(a real client run against a fleet). Errors a user can fix are printed as one
+clear line and exit with status 2; nothing prints key material.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from mcpfleet.server import __version__
+from mcpfleet.server.appload import DEFAULT_APP, AppLoadError
+from mcpfleet.server.contract import DEFAULT_FLEET, check_fleet_name
+
+log = logging.getLogger("mcpfleet")
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as one line, exit status 2."""
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {text}")
+    return value
+
+
+def _fleet(text: str) -> str:
+    try:
+        return check_fleet_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _redis_url(text: str) -> str:
+    if not text.startswith(("redis://", "rediss://", "unix://")):
+        raise argparse.ArgumentTypeError(
+            f"a Redis URL starts with redis://, rediss:// or unix://: {text!r}"
+        )
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mcpfleet", description=__doc__.splitlines()[0] if __doc__ else ""
+    )
+    p.add_argument("--version", action="version", version=f"mcpfleet {__version__}")
+    p.add_argument("--log-level", default=os.environ.get("MCPFLEET_LOG_LEVEL", "INFO"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run one replica of a FastMCP app")
+    s.add_argument("--app", default=DEFAULT_APP, help="the FastMCP server, as module:attribute")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=_port, default=8001)
+    s.add_argument("--keys", type=Path, required=True, help="key ring directory (a Secret volume)")
+    s.add_argument("--redis", type=_redis_url, help="Redis URL for the registry (omit: standalone)")
+    s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
+    s.add_argument("--advertise", default="", help="URL other components reach this replica at")
+    s.add_argument("--fleet", type=_fleet, default=DEFAULT_FLEET)
+    s.add_argument("--audience", default="", help="request-state audience (default: from --app)")
+    s.add_argument("--state-ttl", type=_positive, default=600.0, help="request-state token TTL, s")
+    s.add_argument("--drain-timeout", type=_positive, default=30.0)
+    s.add_argument("--drain-quiet", type=_positive, default=2.0)
+    s.add_argument("--heartbeat", type=_positive, default=1.0)
+    s.add_argument("--heartbeat-ttl", type=_positive, default=3.0)
+
+    r = sub.add_parser("router", help="run the sticky router")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--port", type=_port, default=8000)
+    r.add_argument("--redis", type=_redis_url, required=True)
+    r.add_argument("--fleet", type=_fleet, default=DEFAULT_FLEET)
+    r.add_argument("--session-ttl", type=_positive, default=1800.0)
+    r.add_argument("--session-cap", type=int, default=None, help="max sessions per replica")
+    r.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    r.add_argument("--max-header-bytes", type=int, default=16 * 1024)
+
+    k = sub.add_parser("keys", help="create or rotate a local key ring directory")
+    k.add_argument("action", choices=["generate", "stage", "promote", "retire", "abort", "show"])
+    k.add_argument("dir", type=Path)
+    k.add_argument("--force", action="store_true", help="generate over an existing ring")
+
+    d = sub.add_parser("dev", help="run a whole fleet on 127.0.0.1 until Ctrl-C")
+    d.add_argument("--replicas", type=int, default=3)
+    d.add_argument("--port", type=_port, default=8000)
+    d.add_argument("--app", default=DEFAULT_APP)
+    d.add_argument("--workdir", type=Path, default=None)
+
+    m = sub.add_parser("demo", help="book a flight through a fleet and show where rounds land")
+    m.add_argument("--url", default="http://127.0.0.1:8000/mcp")
+    m.add_argument("--era", choices=["modern", "handshake"], default="modern")
+    return p
+
+
+def cmd_keys(action: str, directory: Path, force: bool) -> None:
+    from mcpfleet.server.keydir import read_ring, write_ring
+    from mcpfleet.server.keyring import KeyRing, KeyRingError
+
+    try:
+        if action == "generate":
+            if not force and directory.exists() and any(directory.iterdir()):
+                raise UsageError(f"{directory} is not empty; pass --force to replace its ring")
+            ring = KeyRing.generate()
+        elif action == "show":
+            ring = read_ring(directory)
+            print(f"phase {ring.phase}, kids {' '.join(ring.kids)} (first seals)")
+            return
+        else:
+            ring = getattr(read_ring(directory), action)()
+        write_ring(directory, ring)
+    except KeyRingError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"{action}: {directory} now holds kids {' '.join(ring.kids)} ({ring.phase}; first seals)")
+
+
+def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
+    import shutil
+
+    from mcpfleet.server.devfleet import FleetError, LocalFleet
+
+    if replicas < 1:
+        raise UsageError("--replicas must be at least 1")
+    work = workdir or Path(tempfile.mkdtemp(prefix="mcpfleet-dev-"))
+    if shutil.which("redis-server") is None:
+        print(
+            "redis-server not found (install: apt-get install redis-server).\n"
+            "Falling back to embedded mode: ONE replica, no Redis, no router.",
+            file=sys.stderr,
+        )
+        from mcpfleet.server.keydir import write_ring
+        from mcpfleet.server.keyring import KeyRing
+        from mcpfleet.server.replica import ReplicaConfig, run_replica
+
+        write_ring(work / "keys", KeyRing.generate())
+        print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{port}/mcp", flush=True)
+        run_replica(ReplicaConfig(keys_dir=work / "keys", app=app, port=port, name="replica-0"))
+        return
+    fleet = LocalFleet(
+        work,
+        replicas=replicas,
+        port=port,
+        app=app,
+        fleet="dev",
+        replica_args=("--drain-timeout", "5"),
+    )
+    stop = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        fleet.start()
+    except FleetError as exc:
+        fleet.stop()
+        for name, tail in fleet.logs():
+            print(f"--- {name} ---\n{tail}", file=sys.stderr)
+        raise UsageError(f"the fleet did not start: {exc}") from None
+    print(f"mcpfleet dev: {replicas} replica(s) behind the router at {fleet.url}")
+    print(f"  redis {fleet.redis_url}, key ring {fleet.keys_dir}, logs in {work}")
+    print(
+        f"  try: mcpfleet demo --url {fleet.url} --era modern   (Ctrl-C stops the fleet)",
+        flush=True,
+    )
+    try:
+        while not stop:
+            dead = [m.name for m in fleet.members.values() if not m.proc.alive]
+            if dead:
+                print(f"replica(s) exited: {', '.join(dead)}; stopping", file=sys.stderr)
+                break
+            time.sleep(0.5)
+    finally:
+        print("stopping the fleet", flush=True)
+        fleet.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # Per-request client logs would drown the fleet's own; they say nothing new.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        if args.command == "serve":
+            from mcpfleet.server.keyring import KeyRingError
+            from mcpfleet.server.replica import ReplicaConfig, run_replica
+
+            try:
+                run_replica(
+                    ReplicaConfig(
+                        keys_dir=args.keys,
+                        app=args.app,
+                        host=args.host,
+                        port=args.port,
+                        name=args.name,
+                        advertise=args.advertise,
+                        redis_url=args.redis,
+                        fleet=args.fleet,
+                        audience=args.audience,
+                        state_ttl=args.state_ttl,
+                        drain_timeout=args.drain_timeout,
+                        drain_quiet=args.drain_quiet,
+                        heartbeat_interval=args.heartbeat,
+                        heartbeat_ttl=args.heartbeat_ttl,
+                    )
+                )
+            except KeyRingError as exc:
+                raise UsageError(f"no valid key ring: {exc}") from None
+        elif args.command == "router":
+            from mcpfleet.server.router import RouterConfig, run_router
+
+            run_router(
+                RouterConfig(
+                    redis_url=args.redis,
+                    host=args.host,
+                    port=args.port,
+                    fleet=args.fleet,
+                    session_ttl=args.session_ttl,
+                    session_cap=args.session_cap,
+                    max_body_bytes=args.max_body_bytes,
+                    max_header_bytes=args.max_header_bytes,
+                )
+            )
+        elif args.command == "keys":
+            cmd_keys(args.action, args.dir, args.force)
+        elif args.command == "dev":
+            cmd_dev(args.replicas, args.port, args.app, args.workdir)
+        elif args.command == "demo":
+            from mcpfleet.server.demo import run_demo
+
+            asyncio.run(run_demo(args.url, args.era))
+    except (UsageError, AppLoadError) as exc:
+        print(f"mcpfleet: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

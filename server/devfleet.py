@@ -1,0 +1,375 @@
+"""A whole fleet on 127.0.0.1 as child processes: redis-server, replicas, routers.
+
+What ``mcpfleet dev`` runs, and what the fleet-tier tests drive (through the
+``Fleet`` interface in ``tests/fleetkit``). Every component is the real one,
+started as ``mcpfleet serve`` / ``mcpfleet router`` processes; the key ring
+lives in one local directory laid out like a Secret volume, shared by the
+replicas, and is rotated with the same steps the operator performs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcpfleet.server.appload import DEFAULT_APP
+from mcpfleet.server.contract import Attestation, RedisKeys
+from mcpfleet.server.keydir import read_ring, write_ring
+from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.registry import text
+
+
+class FleetError(RuntimeError):
+    """A component did not start or a condition was not reached in time."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
+    """Poll ``check`` until it is true; raise FleetError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # a check that raises counts as "not yet"
+            pass
+        if time.monotonic() > deadline:
+            raise FleetError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        fh = self.log.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        fh.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            assert self.popen is not None
+            self.popen.send_signal(sig)
+
+    def wait(self, timeout: float) -> int | None:
+        if self.popen is None:
+            return None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.alive:
+            return
+        self.signal(signal.SIGTERM)
+        if self.wait(timeout) is None:
+            self.signal(signal.SIGKILL)
+            self.wait(5)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def mcpfleet_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mcpfleet.server.cli", *args]
+
+
+@dataclass
+class Replica:
+    name: str
+    port: int
+    proc: Proc
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class LocalFleet:
+    """Redis, ``replicas`` replica processes and ``routers`` routers on 127.0.0.1."""
+
+    workdir: Path
+    replicas: int = 3
+    routers: int = 1
+    port: int = 0
+    app: str = DEFAULT_APP
+    fleet: str = "dev"
+    replica_args: Sequence[str] = ()
+    router_args: Sequence[str] = ()
+    redis_server: str | None = field(default_factory=lambda: shutil.which("redis-server"))
+    redis_port: int = 0
+    members: dict[str, Replica] = field(default_factory=dict)
+    router_procs: list[Proc] = field(default_factory=list)
+    router_ports: list[int] = field(default_factory=list)
+    redis: Proc | None = None
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.workdir / "keys"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint of the first router."""
+        return f"http://127.0.0.1:{self.router_ports[0]}/mcp"
+
+    def router_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.router_ports[index]}/mcp"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONSAFEPATH"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.redis_server is None:
+            raise FleetError("redis-server not found: install it (apt-get install redis-server)")
+        if not (self.keys_dir / "..data").exists():
+            write_ring(self.keys_dir, KeyRing.generate())
+        self.start_redis(timeout)
+        for i in range(self.replicas):
+            self.add_replica(f"replica-{i}", wait=False)
+        for name in list(self.members):
+            self.wait_replica(name, timeout)
+        for i in range(self.routers):
+            port = self.port if (i == 0 and self.port) else free_port()
+            proc = Proc(
+                f"router-{i}",
+                mcpfleet_argv(
+                    "router",
+                    "--port",
+                    str(port),
+                    "--redis",
+                    self.redis_url,
+                    "--fleet",
+                    self.fleet,
+                    *self.router_args,
+                ),
+                self.workdir / f"router-{i}.log",
+            )
+            proc.start(self.env())
+            self.router_procs.append(proc)
+            self.router_ports.append(port)
+        for i, port in enumerate(self.router_ports):
+            wait_for(
+                f"router-{i} to see {self.replicas} serving replica(s)",
+                self._router_sees(port, self.replicas),
+                timeout,
+            )
+
+    def start_redis(self, timeout: float = 30.0) -> None:
+        assert self.redis_server is not None
+        if not self.redis_port:
+            self.redis_port = free_port()
+        self.redis = Proc(
+            "redis",
+            [
+                self.redis_server,
+                "--port",
+                str(self.redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--protected-mode",
+                "yes",
+            ],
+            self.workdir / "redis.log",
+        )
+        self.redis.start(self.env())
+        wait_for("redis-server to answer PING", self._redis_ping, timeout)
+
+    def stop_redis(self) -> None:
+        if self.redis is not None:
+            self.redis.stop()
+
+    def _redis_ping(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.redis_port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+
+    def _router_sees(self, port: int, count: int) -> Callable[[], bool]:
+        return lambda: self._router_serving(port) >= count
+
+    def _router_serving(self, port: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+                return int(json.loads(resp.read())["serving"])
+        except urllib.error.HTTPError as exc:
+            return int(json.loads(exc.read())["serving"])
+
+    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> Replica:
+        port = free_port()
+        proc = Proc(
+            name,
+            mcpfleet_argv(
+                "serve",
+                "--app",
+                self.app,
+                "--port",
+                str(port),
+                "--keys",
+                str(self.keys_dir),
+                "--redis",
+                self.redis_url,
+                "--name",
+                name,
+                "--fleet",
+                self.fleet,
+                *self.replica_args,
+            ),
+            self.workdir / f"{name}.log",
+        )
+        proc.start(self.env())
+        member = Replica(name, port, proc)
+        self.members[name] = member
+        if wait:
+            self.wait_replica(name, timeout)
+        return member
+
+    def wait_replica(self, name: str, timeout: float = 60.0) -> None:
+        member = self.members[name]
+
+        def ready() -> bool:
+            if not member.proc.alive:
+                raise FleetError(f"{name} exited:\n{member.proc.tail()}")
+            return http_ok(member.url + "/readyz") and name in self.attestations()
+
+        try:
+            wait_for(f"{name} to be ready and registered", ready, timeout)
+        except FleetError as exc:
+            raise FleetError(f"{exc}\n--- {name} log ---\n{member.proc.tail()}") from None
+
+    def stop(self) -> None:
+        for proc in self.router_procs:
+            proc.signal(signal.SIGINT)
+        for member in self.members.values():
+            member.proc.signal(signal.SIGINT)
+        for proc in [*self.router_procs, *(m.proc for m in self.members.values())]:
+            if proc.wait(10) is None:
+                proc.stop(1)
+        if self.redis is not None:
+            self.redis.stop()
+
+    def __enter__(self) -> LocalFleet:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- operations ----------------------------------------------------------------------
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a replica: no drain, no goodbye."""
+        proc = self.members[name].proc
+        proc.signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def drain(self, name: str) -> None:
+        """SIGTERM a replica: it drains and exits by itself."""
+        self.members[name].proc.signal(signal.SIGTERM)
+
+    def attestations(self) -> dict[str, Attestation]:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=2)
+        try:
+            keys = RedisKeys(self.fleet)
+            names = sorted(text(n) for n in client.smembers(keys.replicas))
+            out = {}
+            for name in names:
+                raw = client.get(keys.replica(name))
+                if raw is not None:
+                    out[name] = Attestation.from_json(raw)
+            return out
+        finally:
+            client.close()
+
+    def ring(self) -> KeyRing:
+        return read_ring(self.keys_dir)
+
+    def rotate_step(self, step: str) -> KeyRing:
+        """Apply one of stage/promote/retire/abort to the shared ring directory."""
+        ring: KeyRing = getattr(self.ring(), step)()
+        write_ring(self.keys_dir, ring)
+        return ring
+
+    def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None:
+        """Until every live serving replica attests exactly ``kids`` (in order)."""
+
+        def converged() -> bool:
+            live = [m for m in self.members.values() if m.proc.alive]
+            att = self.attestations()
+            return all(m.name in att and att[m.name].kids == kids for m in live)
+
+        wait_for(f"every replica to attest kids {list(kids)}", converged, timeout)
+
+    def logs(self) -> Iterator[tuple[str, str]]:
+        if self.redis is not None:
+            yield "redis", self.redis.tail(10)
+        for member in self.members.values():
+            yield member.name, member.proc.tail()
+        for proc in self.router_procs:
+            yield proc.name, proc.tail()

@@ -1,0 +1,162 @@
+"""The replica's front door: health, the replica header, drain, and session bookkeeping.
+
+An ASGI middleware around the FastMCP HTTP app that
+
+* answers ``/healthz`` (the process lives) and ``/readyz`` (a ring is loaded
+  and the replica takes new work; 503 once draining);
+* stamps ``X-Mcpfleet-Replica`` on every response;
+* learns which handshake-era sessions it owns from the ``Mcp-Session-Id`` that
+  answers an ``initialize``, and forgets them on ``DELETE``;
+* counts requests in flight (standalone GET listening streams apart: they
+  never end by themselves and must not hold a drain open);
+* once draining, refuses new sessions and stateless rounds with a 503 carrying
+  ``X-Mcpfleet-Draining`` (the router may safely resend those elsewhere), while
+  requests of sessions it owns keep being served.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from mcpfleet.server.contract import DRAINING_HEADER, REPLICA_HEADER, SESSION_HEADER
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_SESSION_KEY = SESSION_HEADER.lower().encode()
+
+
+@dataclass
+class GateState:
+    """What the gate knows; read by the heartbeat and the drain loop."""
+
+    name: str
+    ready: bool = True
+    draining: bool = False
+    inflight: int = 0
+    streams: int = 0
+    sessions: dict[str, float] = field(default_factory=dict)
+    session_idle: float = 1800.0
+
+    def live_sessions(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        return sum(1 for seen in self.sessions.values() if now - seen < self.session_idle)
+
+    def quiet_for(self, seconds: float, now: float | None = None) -> bool:
+        """No request in flight and no session active within ``seconds``."""
+        now = time.monotonic() if now is None else now
+        return self.inflight == 0 and all(now - seen >= seconds for seen in self.sessions.values())
+
+
+def _header(scope: Scope, key: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k == key:
+            return str(v.decode("latin-1"))
+    return None
+
+
+async def _plain(
+    send: Send, status: int, body: dict[str, object], extra: list[tuple[bytes, bytes]]
+) -> None:
+    payload = json.dumps(body).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers + extra})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class ReplicaGate:
+    """ASGI middleware; see the module docstring."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        state: GateState,
+        *,
+        extra_routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] | None = None,
+    ) -> None:
+        self.app = app
+        self.state = state
+        self.extra_routes = extra_routes or {}
+        self._name_header = (REPLICA_HEADER.lower().encode(), state.name.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        st = self.state
+        if path == "/healthz":
+            await _plain(send, 200, {"status": "alive", "replica": st.name}, [self._name_header])
+            return
+        if path == "/readyz":
+            ok = st.ready and not st.draining
+            reason = "draining" if st.draining else ("ready" if st.ready else "no key ring")
+            await _plain(
+                send,
+                200 if ok else 503,
+                {"status": reason, "replica": st.name},
+                [self._name_header],
+            )
+            return
+        route = self.extra_routes.get(path)
+        if route is not None:
+            await route(scope, receive, send)
+            return
+
+        method: str = scope["method"]
+        session = _header(scope, _SESSION_KEY)
+        owned = session is not None and session in st.sessions
+        if st.draining and not owned:
+            await _plain(
+                send,
+                503,
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32000, "message": f"replica {st.name} is draining"},
+                },
+                [
+                    self._name_header,
+                    (DRAINING_HEADER.lower().encode(), b"1"),
+                    (b"retry-after", b"1"),
+                ],
+            )
+            return
+
+        listening = method == "GET"
+        if owned and session is not None:
+            st.sessions[session] = time.monotonic()
+        if listening:
+            st.streams += 1
+        else:
+            st.inflight += 1
+
+        async def stamped_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append(self._name_header)
+                message = {**message, "headers": headers}
+                status = message["status"]
+                if session is None and method == "POST" and status == 200:
+                    created = next((v for k, v in headers if k == _SESSION_KEY), None)
+                    if created is not None:
+                        st.sessions[created.decode("latin-1")] = time.monotonic()
+                if method == "DELETE" and session is not None and status < 300:
+                    st.sessions.pop(session, None)
+                if status == 404 and session is not None:
+                    st.sessions.pop(session, None)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, stamped_send)
+        finally:
+            if listening:
+                st.streams -= 1
+            else:
+                st.inflight -= 1
+            if owned and session is not None and session in st.sessions:
+                st.sessions[session] = time.monotonic()

@@ -1,0 +1,140 @@
+"""The replica registry in Redis: replicas publish attestations, others read them.
+
+A replica writes its :class:`~mcpfleet.server.contract.Attestation` under its
+own key with a TTL a few heartbeats long, and adds its name to the fleet's
+replica set. Readers (router, operator, tests) take the set and fetch every
+record in one round trip; a name whose record expired is a replica that
+stopped heart-beating, and is pruned from the set. No key material is ever
+written: attestations carry kids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from mcpfleet.server.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
+from redis.exceptions import RedisError
+
+log = logging.getLogger("mcpfleet.registry")
+
+#: Redis calls on any hot or periodic path fail fast rather than hang.
+REDIS_TIMEOUT = 0.5
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A Redis client with short timeouts: an outage is seen at once, never waited out."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=REDIS_TIMEOUT,
+        socket_connect_timeout=REDIS_TIMEOUT,
+        health_check_interval=5,
+        decode_responses=False,
+    )
+
+
+def redact_url(url: str) -> str:
+    """A Redis URL for logs: any password replaced."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def read_replicas(client: aioredis.Redis, keys: RedisKeys) -> dict[str, Attestation]:
+    """All live replicas' attestations, by name. Raises RedisError when Redis is down."""
+    names = sorted(text(n) for n in await client.smembers(keys.replicas))
+    if not names:
+        return {}
+    raws = await client.mget([keys.replica(n) for n in names])
+    live: dict[str, Attestation] = {}
+    gone: list[str] = []
+    for name, raw in zip(names, raws, strict=True):
+        if raw is None:
+            gone.append(name)
+            continue
+        try:
+            live[name] = Attestation.from_json(raw)
+        except ValueError as exc:
+            log.warning("ignoring malformed attestation of %s: %s", name, exc)
+    if gone:
+        # Re-check before pruning: a replica may have re-registered meanwhile.
+        pipe = client.pipeline()
+        for name in gone:
+            pipe.exists(keys.replica(name))
+        still = await pipe.execute()
+        dead = [n for n, alive in zip(gone, still, strict=True) if not alive]
+        if dead:
+            await client.srem(keys.replicas, *dead)
+    return live
+
+
+class Publisher:
+    """Heart-beats one replica's attestation into Redis until stopped."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: RedisKeys,
+        snapshot: Callable[[], Attestation],
+        *,
+        interval: float = HEARTBEAT_INTERVAL,
+        ttl: float = HEARTBEAT_TTL,
+        redis_label: str = "",
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.snapshot = snapshot
+        self.interval = interval
+        self.ttl = ttl
+        self.redis_label = redis_label
+        self.healthy: bool | None = None
+        self._wake = asyncio.Event()
+
+    async def publish_once(self) -> None:
+        record = self.snapshot()
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self.keys.replica(record.name), record.to_json(), px=int(self.ttl * 1000))
+        pipe.sadd(self.keys.replicas, record.name)
+        await pipe.execute()
+
+    def nudge(self) -> None:
+        """Publish now (a state or ring change) rather than at the next tick."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.publish_once()
+                if self.healthy is not True:
+                    log.info("registered in Redis %s", self.redis_label)
+                self.healthy = True
+            except (RedisError, OSError) as exc:
+                if self.healthy is not False:
+                    log.error(
+                        "cannot reach Redis %s (%s); serving on, retrying every %.1fs",
+                        self.redis_label,
+                        type(exc).__name__,
+                        self.interval,
+                    )
+                self.healthy = False
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+
+    async def withdraw(self, name: str) -> None:
+        """Remove this replica's record at exit, so routers stop at once."""
+        try:
+            await self.client.delete(self.keys.replica(name))
+            await self.client.srem(self.keys.replicas, name)
+        except (RedisError, OSError):
+            pass

@@ -1,0 +1,232 @@
+"""One replica: any FastMCP app, the shared key ring, the registry, and a graceful drain.
+
+``run_replica`` is what ``mcpfleet serve`` runs. It refuses to start without a
+valid key ring (a replica that cannot unseal other replicas' tokens would fail
+every modern continuation routed to it), then serves under uvicorn with:
+
+* a :class:`~mcpfleet.server.keywatch.KeyRingWatcher` reloading the ring;
+* a :class:`~mcpfleet.server.registry.Publisher` attesting the LOADED ring's
+  kids, the replica's address, state and load (when Redis is configured);
+* drain on SIGTERM: the replica attests ``draining`` and refuses new work at
+  once, serves the sessions it owns until they go quiet or the deadline
+  passes, then exits. SIGINT stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from mcpfleet.server.appload import DEFAULT_APP, install_codec, load_app
+from mcpfleet.server.codec import ReloadableCodec
+from mcpfleet.server.contract import (
+    DEFAULT_FLEET,
+    HEARTBEAT_INTERVAL,
+    HEARTBEAT_TTL,
+    MCP_PATH,
+    Attestation,
+    RedisKeys,
+)
+from mcpfleet.server.gate import GateState, ReplicaGate
+from mcpfleet.server.keydir import read_ring
+from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.keywatch import KeyRingWatcher
+from mcpfleet.server.registry import Publisher, connect, redact_url
+from starlette.types import ASGIApp
+
+log = logging.getLogger("mcpfleet.replica")
+
+
+@dataclass
+class ReplicaConfig:
+    keys_dir: Path
+    app: str = DEFAULT_APP
+    host: str = "127.0.0.1"
+    port: int = 8001
+    name: str = ""
+    advertise: str = ""
+    redis_url: str | None = None
+    fleet: str = DEFAULT_FLEET
+    audience: str = ""
+    state_ttl: float = 600.0
+    drain_timeout: float = 30.0
+    drain_quiet: float = 2.0
+    session_idle: float = 1800.0
+    heartbeat_interval: float = HEARTBEAT_INTERVAL
+    heartbeat_ttl: float = HEARTBEAT_TTL
+
+    def resolved_name(self) -> str:
+        return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"
+
+    def resolved_address(self) -> str:
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = os.environ.get("POD_IP") or "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+
+class Replica:
+    """The assembled replica: app, gate, watcher, publisher, drain."""
+
+    def __init__(self, config: ReplicaConfig, ring: KeyRing) -> None:
+        self.config = config
+        self.name = config.resolved_name()
+        self.address = config.resolved_address()
+        self.started = time.time()
+        self.codec = ReloadableCodec(ring)
+        self.mcp_app = load_app(config.app)
+        self.audience = config.audience or f"mcpfleet/{config.app}"
+        install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
+        self.state = GateState(name=self.name, session_idle=config.session_idle)
+        self.publisher: Publisher | None = None
+        self.watcher = KeyRingWatcher(config.keys_dir, self.codec, on_change=self._ring_changed)
+        inner = self.mcp_app.http_app(path=MCP_PATH)
+        self._inner = inner
+        self.asgi: ASGIApp = ReplicaGate(inner, self.state)
+        self._drained = asyncio.Event()
+
+    def attestation(self) -> Attestation:
+        st = self.state
+        return Attestation(
+            name=self.name,
+            address=self.address,
+            state="draining" if st.draining else "serving",
+            kids=self.codec.kids,
+            heartbeat=time.time(),
+            sessions=st.live_sessions(),
+            inflight=st.inflight,
+            started=self.started,
+        )
+
+    def _ring_changed(self, ring: KeyRing) -> None:
+        if self.publisher is not None:
+            self.publisher.nudge()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(self.watcher.run(), name="keyring-watch")]
+        client = None
+        if self.config.redis_url:
+            client = connect(self.config.redis_url)
+            self.publisher = Publisher(
+                client,
+                RedisKeys(self.config.fleet),
+                self.attestation,
+                interval=self.config.heartbeat_interval,
+                ttl=self.config.heartbeat_ttl,
+                redis_label=redact_url(self.config.redis_url),
+            )
+            tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if client is not None and self.publisher is not None:
+                await self.publisher.withdraw(self.name)
+                await client.aclose()
+
+    async def drain(self) -> None:
+        """Refuse new work now; return once owned sessions are quiet or the deadline passes."""
+        cfg = self.config
+        self.state.draining = True
+        if self.publisher is not None:
+            self.publisher.nudge()
+        log.info(
+            "draining: %d session(s), %d request(s) in flight; deadline %.0fs",
+            self.state.live_sessions(),
+            self.state.inflight,
+            cfg.drain_timeout,
+        )
+        deadline = time.monotonic() + cfg.drain_timeout
+        while time.monotonic() < deadline:
+            if self.state.quiet_for(cfg.drain_quiet):
+                log.info("drained: no request in flight, sessions quiet for %.1fs", cfg.drain_quiet)
+                return
+            await asyncio.sleep(0.1)
+        log.warning(
+            "drain deadline passed with %d request(s) in flight; exiting", self.state.inflight
+        )
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, but SIGTERM drains first; a second signal or SIGINT exits at once."""
+
+    def __init__(self, config: uvicorn.Config, replica: Replica) -> None:
+        super().__init__(config)
+        self.replica = replica
+        self._drain_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._drain_task is None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        async def drain_then_exit() -> None:
+            await self.replica.drain()
+            self.should_exit = True
+
+        self._drain_task = asyncio.ensure_future(drain_then_exit())
+
+
+def build_asgi(replica: Replica) -> ASGIApp:
+    """The replica's ASGI app, with the watcher and heartbeat run by its lifespan."""
+    inner_lifespan = replica._inner.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with inner_lifespan(app), replica.lifespan():
+            yield
+
+    replica._inner.router.lifespan_context = lifespan
+    return replica.asgi
+
+
+def run_replica(config: ReplicaConfig) -> None:
+    """Serve one replica until drained (SIGTERM) or stopped (SIGINT)."""
+    ring = read_ring(config.keys_dir)
+    replica = Replica(config, ring)
+    log.info(
+        "replica %s serving %s at %s, key ring kids %s, fleet %s, redis %s",
+        replica.name,
+        config.app,
+        replica.address,
+        list(ring.kids),
+        config.fleet,
+        redact_url(config.redis_url) if config.redis_url else "none (standalone)",
+    )
+    uv_config = uvicorn.Config(
+        build_asgi(replica),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        access_log=False,
+    )
+    server = _DrainingServer(uv_config, replica)
+    # uvicorn re-raises the SIGINT it handled; by then we are done.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    log.info("replica %s stopped", replica.name)

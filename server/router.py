@@ -1,0 +1,430 @@
+"""The sticky router: an ASGI reverse proxy in front of the replicas.
+
+Per request (see :mod:`mcpfleet.server.routing` for the pure decisions):
+
+* ``Mcp-Session-Id`` present: to the session's owner (cache, then Redis). An
+  owner that is gone, unknown, or refuses the connection gets the spec's 404
+  at once and the entry is dropped, so the client re-initializes.
+* ``initialize``: to the serving replica with the fewest sessions; the new
+  session id is written to Redis before the response reaches the client, so
+  any router can route the session's next request.
+* everything else (modern era, sessionless): to any serving replica, chosen
+  by power of two choices on requests in flight, with no Redis on the path.
+
+Bodies and streams pass through unbuffered in both directions; a client that
+goes away tears down the upstream request, and vice versa. Requests that no
+replica processed (refused connection, a draining replica's 503) are resent
+to another replica; nothing else is retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from mcpfleet.server.contract import (
+    DEFAULT_FLEET,
+    DRAINING_HEADER,
+    REPLICA_HEADER,
+    RedisKeys,
+)
+from mcpfleet.server.registry import connect, redact_url
+from mcpfleet.server.routetable import Health, ReplicaView, SessionTable
+from mcpfleet.server.routing import (
+    RouteKind,
+    classify,
+    pick_stateless,
+    place_session,
+    valid_session_id,
+)
+from starlette.types import Message, Receive, Scope, Send
+
+log = logging.getLogger("mcpfleet.router")
+
+#: Headers that describe one hop, never forwarded (RFC 9110 section 7.6.1), plus
+#: the replica header, which only a replica may set.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+_CLIENT_MAY_NOT_SET = frozenset({REPLICA_HEADER.lower(), DRAINING_HEADER.lower()})
+
+
+@dataclass
+class RouterConfig:
+    redis_url: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    fleet: str = DEFAULT_FLEET
+    refresh_interval: float = 0.5
+    session_ttl: float = 1800.0
+    session_cap: int | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    connect_timeout: float = 1.0
+    attempts: int = 3
+
+
+def _error(code: int, message: str) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    ).encode()
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    connection_listed: set[str] = set()
+    for k, v in raw:
+        if k.lower() == b"connection":
+            connection_listed |= {t.strip().lower() for t in v.decode("latin-1").split(",")}
+    out = []
+    for k, v in raw:
+        name = k.decode("latin-1").lower()
+        if name in HOP_BY_HOP or name in connection_listed or name in _CLIENT_MAY_NOT_SET:
+            continue
+        out.append((name, v.decode("latin-1")))
+    return out
+
+
+def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
+    connection_listed = {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
+    return [
+        (k, v)
+        for k, v in resp.headers.raw
+        if k.decode("latin-1").lower() not in HOP_BY_HOP | connection_listed
+    ]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("client went away while sending")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class Router:
+    """The ASGI application. Start it under uvicorn with ``lifespan='on'``."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.keys = RedisKeys(config.fleet)
+        self.health = Health()
+        self.redis = connect(config.redis_url)
+        self.view = ReplicaView(self.redis, self.keys, self.health)
+        self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
+        self.http: httpx.AsyncClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                connect=self.config.connect_timeout, read=None, write=30.0, pool=10.0
+            ),
+            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+            follow_redirects=False,
+        )
+        await self.view.refresh()
+        log.info(
+            "router for fleet %s, Redis %s: %d replica(s) known%s",
+            self.config.fleet,
+            redact_url(self.config.redis_url),
+            len(self.view.replicas),
+            " (degraded: Redis unreachable)" if self.health.degraded else "",
+        )
+        self._tasks.append(asyncio.create_task(self._refresh_loop(), name="replica-view"))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_interval)
+            was_degraded = self.health.degraded
+            await self.view.refresh()
+            if was_degraded and not self.health.degraded:
+                await self.sessions.flush_unsaved()
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.http is not None:
+            await self.http.aclose()
+        await self.redis.aclose()
+
+    # --- ASGI ------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "degraded": self.health.degraded,
+            "replicas": {n: a.state for n, a in sorted(self.view.replicas.items())},
+            "serving": len(self.view.serving()),
+        }
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        if path == "/healthz":
+            await _respond(send, 200, json.dumps({"status": "alive"}).encode())
+            return
+        if path == "/readyz":
+            status = self.status()
+            ok = status["serving"] > 0
+            await _respond(send, 200 if ok else 503, json.dumps(status).encode())
+            return
+
+        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if sum(len(k) + len(v) for k, v in raw_headers) > self.config.max_header_bytes:
+            await _respond(send, 431, _error(-32600, "Request headers too large"))
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.config.max_body_bytes:
+            await _respond(send, 413, _error(-32600, "Request body too large"))
+            return
+        try:
+            body = await _read_body(receive, self.config.max_body_bytes)
+        except _TooLarge:
+            await _respond(send, 413, _error(-32600, "Request body too large"))
+            return
+        except ConnectionResetError:
+            return
+
+        method: str = scope["method"]
+        kind = classify(method, headers, body)
+        if kind is RouteKind.STICKY:
+            await self._sticky(scope, receive, send, headers["mcp-session-id"], body)
+        else:
+            await self._spread(scope, receive, send, kind, body)
+
+    async def _sticky(
+        self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes
+    ) -> None:
+        if not valid_session_id(session):
+            await _respond(send, 400, _error(-32600, "Bad Request: malformed Mcp-Session-Id"))
+            return
+        owner, source = await self.sessions.lookup(session)
+        if owner is None:
+            if source == "unknown":
+                await _respond(
+                    send,
+                    503,
+                    _error(-32000, "Session directory unavailable; retry"),
+                    [(b"retry-after", b"1")],
+                )
+            else:
+                await _respond(send, 404, _error(-32600, "Session not found"))
+            return
+        replica = self.view.get(owner)
+        if replica is None:
+            # Gone from the registry: dead, or drained and exited.
+            await self.sessions.forget(session)
+            await _respond(send, 404, _error(-32600, "Session not found"))
+            return
+        outcome = await self._forward(scope, receive, send, replica.name, replica.address, body)
+        if outcome == "refused":
+            self.view.forget(replica.name)
+            await self.sessions.forget(session)
+            await _respond(send, 404, _error(-32600, "Session not found"))
+        elif outcome == 404 or (
+            scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300
+        ):
+            await self.sessions.forget(session)
+
+    async def _spread(
+        self, scope: Scope, receive: Receive, send: Send, kind: RouteKind, body: bytes
+    ) -> None:
+        tried: set[str] = set()
+        for _ in range(self.config.attempts):
+            candidates = self.view.serving(exclude=tried)
+            if kind is RouteKind.INITIALIZE:
+                choice = place_session(candidates, self.config.session_cap)
+            else:
+                choice = pick_stateless(candidates)
+            if choice is None:
+                break
+            tried.add(choice.name)
+            replica = self.view.get(choice.name)
+            if replica is None:
+                continue
+            if kind is RouteKind.INITIALIZE:
+                self.view.placed[choice.name] = self.view.placed.get(choice.name, 0) + 1
+            outcome = await self._forward(
+                scope,
+                receive,
+                send,
+                replica.name,
+                replica.address,
+                body,
+                record_session=kind is RouteKind.INITIALIZE,
+            )
+            if outcome == "refused":
+                self.view.forget(replica.name)
+                continue
+            if outcome == "draining":
+                continue
+            return
+        full = (
+            kind is RouteKind.INITIALIZE
+            and self.config.session_cap is not None
+            and any(True for _ in self.view.serving())
+        )
+        message = "All replicas are at their session cap" if full else "No serving replica"
+        await _respond(send, 503, _error(-32000, message), [(b"retry-after", b"1")])
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        name: str,
+        address: str,
+        body: bytes,
+        *,
+        record_session: bool = False,
+    ) -> int | str:
+        """Proxy one request to ``address``. Returns the status sent, or why nothing was sent:
+        ``refused`` (no connection) or ``draining`` (the replica declined before any work)."""
+        assert self.http is not None
+        url = address + scope["raw_path"].decode("latin-1")
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        headers = _forward_headers(scope["headers"])
+        client = scope.get("client")
+        if client:
+            headers.append(("x-forwarded-for", client[0]))
+        request = self.http.build_request(scope["method"], url, headers=headers, content=body)
+        self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
+        try:
+            try:
+                upstream = await self.http.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                return "refused"
+            except httpx.HTTPError as exc:
+                log.warning("replica %s failed before answering: %s", name, type(exc).__name__)
+                await _respond(
+                    send, 502, _error(-32603, f"Replica {name} failed: {type(exc).__name__}")
+                )
+                return 502
+            try:
+                if upstream.status_code == 503 and upstream.headers.get(DRAINING_HEADER):
+                    return "draining"
+                if record_session and upstream.status_code == 200:
+                    session = upstream.headers.get("mcp-session-id")
+                    if session and valid_session_id(session):
+                        await self.sessions.record(session, name)
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": upstream.status_code,
+                        "headers": _response_headers(upstream),
+                    }
+                )
+                await self._pump(upstream, receive, send)
+                return upstream.status_code
+            finally:
+                await upstream.aclose()
+        finally:
+            self.view.inflight[name] -= 1
+
+    async def _pump(self, upstream: httpx.Response, receive: Receive, send: Send) -> None:
+        """Copy the upstream body to the client chunk by chunk until either side ends."""
+
+        async def copy() -> None:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:
+                log.info("upstream stream ended early: %s", type(exc).__name__)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        async def client_gone() -> None:
+            while True:
+                message: Message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+
+        copier = asyncio.ensure_future(copy())
+        watcher = asyncio.ensure_future(client_gone())
+        try:
+            await asyncio.wait({copier, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (copier, watcher):
+                task.cancel()
+            for task in (copier, watcher):
+                with contextlib.suppress(asyncio.CancelledError, OSError, RuntimeError):
+                    await task
+            if copier.done() and not copier.cancelled() and copier.exception() is not None:
+                log.info("stream to client ended: %s", type(copier.exception()).__name__)
+
+
+def run_router(config: RouterConfig) -> None:
+    import uvicorn
+
+    # uvicorn re-raises the SIGINT it handled; by then we are done.
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.run(
+            Router(config),
+            host=config.host,
+            port=config.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )

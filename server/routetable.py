@@ -1,0 +1,203 @@
+"""What the router knows: live replicas and session owners, from Redis with local caches.
+
+:class:`ReplicaView` refreshes the replica set from the registry in the
+background, never on a request's path, and keeps the last known set when
+Redis is down (the router is then *degraded*, not closed).
+
+:class:`SessionTable` maps a handshake-era session to the replica that owns
+it. A session never moves, so a cached owner stays valid until that owner
+leaves; Redis is read on a cache miss only, and written when a session opens.
+Entries expire with the session idle timeout, refreshed at most every quarter
+of it. Sessions opened while Redis was down are written once it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from mcpfleet.server.contract import Attestation, RedisKeys
+from mcpfleet.server.registry import read_replicas
+from mcpfleet.server.routing import Candidate
+from redis.exceptions import RedisError
+
+log = logging.getLogger("mcpfleet.router")
+
+RedisDown = (RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass
+class Health:
+    """Redis reachability as the router last saw it."""
+
+    degraded: bool = False
+    since: float = 0.0
+    reason: str = ""
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.degraded:
+            log.error(
+                "Redis unreachable (%s): degraded, routing from cache and the last known "
+                "replica set",
+                type(exc).__name__,
+            )
+            self.degraded, self.since = True, time.monotonic()
+        self.reason = type(exc).__name__
+
+    def ok(self) -> None:
+        if self.degraded:
+            log.warning(
+                "Redis reachable again after %.1fs: no longer degraded",
+                time.monotonic() - self.since,
+            )
+        self.degraded, self.reason = False, ""
+
+
+@dataclass
+class ReplicaView:
+    client: aioredis.Redis
+    keys: RedisKeys
+    health: Health
+    replicas: dict[str, Attestation] = field(default_factory=dict)
+    inflight: dict[str, int] = field(default_factory=dict)
+    placed: dict[str, int] = field(default_factory=dict)
+    refreshed: float = 0.0
+
+    async def refresh(self) -> None:
+        try:
+            replicas = await read_replicas(self.client, self.keys)
+        except RedisDown as exc:
+            self.health.fail(exc)
+            return
+        self.health.ok()
+        self.replicas = replicas
+        self.placed.clear()
+        self.refreshed = time.monotonic()
+
+    async def run(self, interval: float) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(interval)
+
+    def get(self, name: str) -> Attestation | None:
+        return self.replicas.get(name)
+
+    def forget(self, name: str) -> None:
+        """Drop a replica seen dead (refused connection) until the registry says otherwise."""
+        self.replicas.pop(name, None)
+
+    def serving(self, exclude: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
+        return [
+            Candidate(
+                name=a.name,
+                sessions=a.sessions + self.placed.get(a.name, 0),
+                inflight=self.inflight.get(a.name, 0),
+            )
+            for a in self.replicas.values()
+            if a.state == "serving" and a.name not in exclude
+        ]
+
+
+class SessionTable:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: RedisKeys,
+        health: Health,
+        *,
+        ttl: float,
+        cache_size: int = 200_000,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.health = health
+        self.ttl = ttl
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._unsaved: dict[str, str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _remember(self, session: str, owner: str, touched: float) -> None:
+        self._cache[session] = (owner, touched)
+        self._cache.move_to_end(session)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def cached(self, session: str) -> str | None:
+        hit = self._cache.get(session)
+        return hit[0] if hit else None
+
+    async def lookup(self, session: str) -> tuple[str | None, str]:
+        """The owner of ``session`` and where it came from: cache, redis, miss or unknown.
+
+        ``unknown`` means Redis could not be asked: the session may exist.
+        """
+        hit = self._cache.get(session)
+        if hit is not None:
+            owner, touched = hit
+            now = time.monotonic()
+            if now - touched > self.ttl / 4:
+                self._remember(session, owner, now)
+                self._spawn(self._touch(session))
+            return owner, "cache"
+        try:
+            raw = await self.client.get(self.keys.session(session))
+        except RedisDown as exc:
+            self.health.fail(exc)
+            return None, "unknown"
+        if raw is None:
+            return None, "miss"
+        owner = raw.decode() if isinstance(raw, bytes) else str(raw)
+        self._remember(session, owner, time.monotonic())
+        return owner, "redis"
+
+    async def record(self, session: str, owner: str) -> None:
+        """Remember a new session's owner; written to Redis before the client hears of it."""
+        self._remember(session, owner, time.monotonic())
+        try:
+            await self.client.set(self.keys.session(session), owner, px=int(self.ttl * 1000))
+        except RedisDown as exc:
+            self.health.fail(exc)
+            self._unsaved[session] = owner
+
+    async def forget(self, session: str) -> None:
+        self._cache.pop(session, None)
+        self._unsaved.pop(session, None)
+        try:
+            await self.client.delete(self.keys.session(session))
+        except RedisDown as exc:
+            self.health.fail(exc)
+
+    async def flush_unsaved(self) -> None:
+        """Write sessions recorded while Redis was down, now that it answers."""
+        if not self._unsaved:
+            return
+        pending = dict(self._unsaved)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for session, owner in pending.items():
+                pipe.set(self.keys.session(session), owner, px=int(self.ttl * 1000), nx=True)
+            await pipe.execute()
+        except RedisDown as exc:
+            self.health.fail(exc)
+            return
+        for session in pending:
+            self._unsaved.pop(session, None)
+        log.info("wrote %d session(s) recorded while Redis was down", len(pending))
+
+    async def _touch(self, session: str) -> None:
+        try:
+            await self.client.pexpire(self.keys.session(session), int(self.ttl * 1000))
+        except RedisDown as exc:
+            self.health.fail(exc)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

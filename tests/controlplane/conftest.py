@@ -1,0 +1,72 @@
+"""Fixtures of the control-plane tier: one real etcd + kube-apiserver per session.
+
+The building blocks live in :mod:`fleetkit.controlplane` so that any other
+tier's conftest can build the same fixtures.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator, Iterator
+
+import pytest
+from fleetkit.controlplane import ControlPlane, Helm, require_tools, session_control_plane
+from kubernetes import client as k8s
+
+_reports = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    item.stash.setdefault(_reports, {})[report.when] = report
+    return report
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver (+ kube-controller-manager when built), started once."""
+    yield from session_control_plane(tmp_path_factory.mktemp("controlplane"))
+
+
+@pytest.fixture(autouse=True)
+def _control_plane_logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """When a test that used the control plane fails, show its components' log tails."""
+    yield
+    reports = request.node.stash.get(_reports, {})
+    if "control_plane" in request.fixturenames and any(r.failed for r in reports.values()):
+        plane: ControlPlane = request.getfixturevalue("control_plane")
+        print("\n===== control plane logs =====")
+        plane.print_logs()
+
+
+@pytest.fixture(scope="session")
+def admin_api(control_plane: ControlPlane) -> k8s.ApiClient:
+    """An API client acting as a member of system:masters."""
+    return control_plane.api_client()
+
+
+@pytest.fixture
+def namespace(admin_api: k8s.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    stem = request.node.name.removeprefix("test_").replace("_", "-")[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    core = k8s.CoreV1Api(admin_api)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """The built helm, with no cluster (``helm template``, ``helm lint``)."""
+    bin_dir = require_tools(("helm",))
+    return Helm(bin_dir / "helm", tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="session")
+def cluster_helm(control_plane: ControlPlane) -> Helm:
+    """The built helm talking to the session's API server as admin."""
+    return control_plane.helm()

@@ -1,0 +1,74 @@
+"""RBAC is really enforced: a ServiceAccount gets exactly what its Role grants."""
+
+from __future__ import annotations
+
+import pytest
+from fleetkit.controlplane import ControlPlane, service_account_with_rules
+from kubernetes import client as k8s
+
+pytestmark = pytest.mark.controlplane
+
+
+def grant_one_secret(api: k8s.ApiClient, namespace: str, account: str, secret: str) -> None:
+    """ServiceAccount ``account`` may get/watch/update Secret ``secret``, nothing else."""
+    rule = k8s.V1PolicyRule(
+        api_groups=[""],
+        resources=["secrets"],
+        resource_names=[secret],
+        verbs=["get", "watch", "update"],
+    )
+    service_account_with_rules(api, namespace, account, [rule])
+
+
+def _secret(name: str, value: str) -> k8s.V1Secret:
+    return k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name), string_data={"value": value})
+
+
+def test_service_account_reads_only_its_named_secret(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, namespace: str
+) -> None:
+    admin = k8s.CoreV1Api(admin_api)
+    admin.create_namespaced_secret(namespace, _secret("fleet-keys", "mine"))
+    admin.create_namespaced_secret(namespace, _secret("other", "not mine"))
+    grant_one_secret(admin_api, namespace, "syncer", "fleet-keys")
+
+    sa = k8s.CoreV1Api(control_plane.api_client_for_service_account(namespace, "syncer"))
+
+    # Allowed: the one named Secret, read and written.
+    secret = sa.read_namespaced_secret("fleet-keys", namespace)
+    assert secret.data is not None and "value" in secret.data
+    secret.string_data = {"value": "updated"}
+    sa.replace_namespaced_secret("fleet-keys", namespace, secret)
+
+    # Refused: anything else, each with the API server's 403.
+    refused = {
+        "list secrets": lambda: sa.list_namespaced_secret(namespace),
+        "read another secret": lambda: sa.read_namespaced_secret("other", namespace),
+        "create a configmap": lambda: sa.create_namespaced_config_map(
+            namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="nope"))
+        ),
+        "delete its own secret": lambda: sa.delete_namespaced_secret("fleet-keys", namespace),
+        "list secrets cluster-wide": lambda: sa.list_secret_for_all_namespaces(),
+    }
+    statuses = {}
+    for what, call in refused.items():
+        with pytest.raises(k8s.ApiException) as excinfo:
+            call()
+        statuses[what] = excinfo.value.status
+    assert statuses == dict.fromkeys(refused, 403)
+
+
+def test_service_account_kubeconfig_acts_as_the_account(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, namespace: str
+) -> None:
+    grant_one_secret(admin_api, namespace, "reader", "fleet-keys")
+    path = control_plane.kubeconfig_for_service_account(namespace, "reader")
+
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=str(path))
+    try:
+        review = k8s.AuthenticationV1Api(api).create_self_subject_review(k8s.V1SelfSubjectReview())
+    finally:
+        api.close()
+    assert review.status.user_info.username == f"system:serviceaccount:{namespace}:reader"

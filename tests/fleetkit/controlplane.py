@@ -1,0 +1,901 @@
+"""A real Kubernetes control plane on 127.0.0.1 for tests: etcd + kube-apiserver.
+
+The binaries are built from the pinned Go module in ``hack/tools`` (``make tools``)
+into ``.cache/bin``. :class:`ControlPlane` starts them on free loopback ports with
+a throwaway PKI, RBAC enforced, and ServiceAccount tokens signed by a key of its
+own, so a component under test can run with exactly the rights its RBAC grants
+(:meth:`ControlPlane.kubeconfig_for_service_account`). kube-controller-manager is
+optional: with it, Deployments create ReplicaSets and Pods. There is no kubelet
+and no scheduler: :func:`make_pod_ready` writes the status a kubelet would.
+
+Everything a test needs is a plain class or function here, so any ``conftest.py``
+can build its fixtures from them (see :func:`session_control_plane`).
+
+Run by hand::
+
+    make cluster-up      # python -m fleetkit.controlplane up
+    export KUBECONFIG=.cache/cluster/admin.kubeconfig
+    make cluster-down    # python -m fleetkit.controlplane down
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import datetime
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import yaml
+from kubernetes import client as k8s
+
+from fleetkit.certs import CertificateAuthority, key_pem, new_signing_key, public_key_pem
+
+T = TypeVar("T")
+
+#: Tools the control-plane tier cannot run without.
+REQUIRED_TOOLS = ("etcd", "kube-apiserver", "helm")
+#: Tools that add something when present (Deployments that create Pods).
+OPTIONAL_TOOLS = ("kube-controller-manager",)
+
+LOOPBACK = "127.0.0.1"
+# Service ClusterIPs are only numbers in etcd here (there is no kube-proxy), but
+# an address that nothing can route to beyond this machine is the safe choice.
+SERVICE_CIDR = "127.0.100.0/24"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane failed to start or to answer; the message has the log tails."""
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def repo_root() -> Path:
+    """The checkout this file belongs to (tests/fleetkit/ is two levels down)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def tools_bin_dir() -> Path:
+    """Where ``hack/tools/build.sh`` put the binaries (``$FLEETKIT_TOOLS_BIN`` overrides)."""
+    override = os.environ.get("FLEETKIT_TOOLS_BIN")
+    return Path(override) if override else repo_root() / ".cache" / "bin"
+
+
+def find_tool(name: str, bin_dir: Path | None = None) -> Path | None:
+    """The path of an executable built tool, or None."""
+    path = (bin_dir or tools_bin_dir()) / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def missing_tools(names: Sequence[str] = REQUIRED_TOOLS, bin_dir: Path | None = None) -> list[str]:
+    return [n for n in names if find_tool(n, bin_dir) is None]
+
+
+def require_tools(names: Sequence[str] = REQUIRED_TOOLS, bin_dir: Path | None = None) -> Path:
+    """Skip the calling test when tools are missing, but FAIL in CI.
+
+    CI (``CI=true``) builds the tools first, so a missing binary there is a
+    broken build, not a reason to silently run nothing.
+    """
+    import pytest
+
+    missing = missing_tools(names, bin_dir)
+    if missing:
+        where = bin_dir or tools_bin_dir()
+        reason = f"{', '.join(missing)} not built in {where}: run `make tools`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return bin_dir or tools_bin_dir()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
+    """Poll ``condition`` until it returns something truthy; TimeoutError after ``timeout``.
+
+    The value returned is the truthy result, so ``wait_for`` doubles as "fetch
+    when available". Exceptions from ``condition`` propagate: a condition that
+    can legitimately fail while waiting must catch its own errors.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * lines))
+            data = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """preexec_fn: have the kernel SIGTERM the child when the test process dies.
+
+    Without it, a test run killed by a timeout leaves etcd and kube-apiserver
+    running and holding ports and CPU for the next run.
+    """
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def write_kubeconfig(
+    path: Path,
+    *,
+    server: str,
+    ca_pem: bytes,
+    user: dict[str, str],
+    name: str = "fleetkit",
+    namespace: str | None = None,
+) -> Path:
+    """A self-contained kubeconfig (credentials inline): kubectl, helm and clients read it."""
+    context: dict[str, str] = {"cluster": name, "user": name}
+    if namespace:
+        context["namespace"] = namespace
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": name,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                },
+            }
+        ],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": context}],
+        "current-context": name,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class _Component:
+    name: str
+    args: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    pid: int | None = None  # set when adopted from a state file (``down``)
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return self.pid is not None and _pid_runs(self.pid, self.args[0])
+
+
+def _pid_runs(pid: int, binary: str) -> bool:
+    """Whether ``pid`` is still the process we started (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    return cmdline == binary
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver (+ optionally kube-controller-manager) on 127.0.0.1.
+
+    :param bin_dir: where the built tools are (default :func:`tools_bin_dir`).
+    :param workdir: certificates, kubeconfigs, etcd data and logs. A fresh temp
+        dir (removed by :meth:`stop`) when not given.
+    :param controller_manager: also run kube-controller-manager, so Deployments
+        create ReplicaSets and Pods and namespaces get their ``default``
+        ServiceAccount. Without it the ServiceAccount admission plugin is off
+        (it would reject every Pod whose ServiceAccount nobody created).
+    :param die_with_parent: the processes get SIGTERM when this process dies.
+    """
+
+    bin_dir: Path = field(default_factory=tools_bin_dir)
+    workdir: Path | None = None
+    controller_manager: bool = False
+    die_with_parent: bool = True
+    start_timeout: float = 60.0
+
+    etcd_port: int = 0
+    port: int = 0
+    _components: list[_Component] = field(default_factory=list)
+    _owns_workdir: bool = False
+    _clients: list[k8s.ApiClient] = field(default_factory=list)
+    _ca: CertificateAuthority | None = None
+
+    # ---- life cycle
+
+    def start(self) -> ControlPlane:
+        """Start every component and wait (polling, with a deadline) until ready."""
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="fleetkit-cp-"))
+            self._owns_workdir = True
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._write_pki()
+            deadline = time.monotonic() + self.start_timeout
+            self._start_etcd(deadline)
+            self._start_apiserver(deadline)
+            if self.controller_manager:
+                self._start_controller_manager(deadline)
+        except BaseException:
+            logs = self.log_tail()
+            self.stop()
+            if logs:
+                sys.stderr.write(f"control plane failed to start; logs:\n{logs}\n")
+            raise
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Terminate the processes (newest first), close clients, remove an owned workdir."""
+        for api in self._clients:
+            api.close()
+        self._clients.clear()
+        for component in reversed(self._components):
+            _terminate(component, timeout)
+        self._components.clear()
+        if self._owns_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- addresses and credentials
+
+    @property
+    def server(self) -> str:
+        return f"https://{LOOPBACK}:{self.port}"
+
+    @property
+    def _dir(self) -> Path:
+        assert self.workdir is not None, "start() the control plane first"
+        return self.workdir
+
+    @property
+    def ca_file(self) -> Path:
+        return self._dir / "pki" / "ca.crt"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """A kubeconfig for a user in ``system:masters`` (everything allowed)."""
+        return self._dir / "admin.kubeconfig"
+
+    def _admin_configuration(self) -> k8s.Configuration:
+        pki = self._dir / "pki"
+        return k8s.Configuration(
+            host=self.server,
+            ssl_ca_cert=str(pki / "ca.crt"),
+            cert_file=str(pki / "admin.crt"),
+            key_file=str(pki / "admin.key"),
+        )
+
+    def api_client(self) -> k8s.ApiClient:
+        """An admin API client; closed by :meth:`stop`."""
+        api = k8s.ApiClient(self._admin_configuration())
+        self._clients.append(api)
+        return api
+
+    def token_for_service_account(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        expiration_seconds: int = 3600,
+        audiences: Sequence[str] = (),
+    ) -> str:
+        """A bound token for the ServiceAccount, minted through the TokenRequest API."""
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(
+                audiences=list(audiences), expiration_seconds=expiration_seconds
+            )
+        )
+        with k8s.ApiClient(self._admin_configuration()) as api:
+            response = k8s.CoreV1Api(api).create_namespaced_service_account_token(
+                name, namespace, request
+            )
+        token: str = response.status.token
+        return token
+
+    def kubeconfig_for_service_account(
+        self, namespace: str, name: str, *, expiration_seconds: int = 3600
+    ) -> Path:
+        """A kubeconfig that acts as ``system:serviceaccount:NAMESPACE:NAME``, no more.
+
+        A component run with it (the operator under the chart's RBAC, helm, a
+        replica) gets exactly the rights that Role/ClusterRole bindings give the
+        ServiceAccount, as it would in a pod.
+        """
+        token = self.token_for_service_account(
+            namespace, name, expiration_seconds=expiration_seconds
+        )
+        return write_kubeconfig(
+            self._dir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig",
+            server=self.server,
+            ca_pem=self.ca_file.read_bytes(),
+            user={"token": token},
+            name=f"{namespace}-{name}",
+            namespace=namespace,
+        )
+
+    def api_client_for_service_account(
+        self, namespace: str, name: str, *, expiration_seconds: int = 3600
+    ) -> k8s.ApiClient:
+        """An API client with a ServiceAccount's token; closed by :meth:`stop`."""
+        token = self.token_for_service_account(
+            namespace, name, expiration_seconds=expiration_seconds
+        )
+        configuration = k8s.Configuration(
+            host=self.server,
+            ssl_ca_cert=str(self.ca_file),
+            api_key={"BearerToken": token},
+            api_key_prefix={"BearerToken": "Bearer"},
+        )
+        api = k8s.ApiClient(configuration)
+        self._clients.append(api)
+        return api
+
+    def helm(self, kubeconfig: Path | None = None) -> Helm:
+        """The built helm, talking to this API server (as admin unless told otherwise)."""
+        binary = find_tool("helm", self.bin_dir)
+        if binary is None:
+            raise ControlPlaneError(f"helm is not built in {self.bin_dir}: run `make tools`")
+        return Helm(binary, self._dir / "helm", kubeconfig or self.admin_kubeconfig)
+
+    # ---- diagnostics
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of every component's log, headed by its name."""
+        parts = []
+        for component in self._components:
+            text = tail(component.log_path, lines)
+            state = "running" if component.alive() else "EXITED"
+            parts.append(f"----- {component.name} ({state}) {component.log_path}\n{text}")
+        return "\n".join(parts)
+
+    def print_logs(self, lines: int = 40, stream: IO[str] | None = None) -> None:
+        print(self.log_tail(lines), file=stream or sys.stdout)
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        """A raw GET as admin (``/readyz``, ``/version``, ``/metrics``...)."""
+        pki = self._dir / "pki"
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        conn = http.client.HTTPSConnection(LOOPBACK, self.port, context=context, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    # ---- internals
+
+    def _write_pki(self) -> None:
+        pki = self._dir / "pki"
+        pki.mkdir(exist_ok=True)
+        ca = self._ca = CertificateAuthority()
+        (pki / "ca.crt").write_bytes(ca.cert_pem)
+        ca.keypair.write(pki, "ca")
+        ca.issue_serving(
+            "kube-apiserver",
+            dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ips=(LOOPBACK,),
+        ).write(pki, "apiserver")
+        ca.issue_client("fleetkit-admin", ("system:masters",)).write(pki, "admin")
+        ca.issue_client("system:kube-controller-manager").write(pki, "controller-manager")
+        signing = new_signing_key()
+        (pki / "sa.key").touch(mode=0o600)
+        (pki / "sa.key").write_bytes(key_pem(signing))
+        (pki / "sa.pub").write_bytes(public_key_pem(signing))
+
+    def _kubeconfig_for_cert(self, stem: str) -> Path:
+        pki = self._dir / "pki"
+        return write_kubeconfig(
+            self._dir / f"{stem}.kubeconfig",
+            server=self.server,
+            ca_pem=(pki / "ca.crt").read_bytes(),
+            user={
+                "client-certificate-data": base64.b64encode(
+                    (pki / f"{stem}.crt").read_bytes()
+                ).decode(),
+                "client-key-data": base64.b64encode((pki / f"{stem}.key").read_bytes()).decode(),
+            },
+        )
+
+    def _binary(self, name: str) -> str:
+        path = find_tool(name, self.bin_dir)
+        if path is None:
+            raise ControlPlaneError(f"{name} is not built in {self.bin_dir}: run `make tools`")
+        return str(path)
+
+    def _spawn(self, name: str, args: list[str]) -> _Component:
+        log_path = self._dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(exist_ok=True)
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._dir,
+                # Own session: a Ctrl-C at the terminal reaches pytest, which
+                # then stops the control plane in order, instead of killing
+                # etcd under a running API server.
+                start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
+            )
+        component = _Component(name, args, log_path, process)
+        self._components.append(component)
+        return component
+
+    def _wait(self, component: _Component, ready: Callable[[], bool], deadline: float) -> None:
+        def check() -> bool:
+            if not component.alive():
+                raise ControlPlaneError(
+                    f"{component.name} exited during start-up\n{tail(component.log_path)}"
+                )
+            try:
+                return ready()
+            except OSError:
+                return False
+
+        try:
+            wait_for(
+                check,
+                timeout=max(0.0, deadline - time.monotonic()),
+                interval=0.1,
+                what=f"{component.name} to become ready",
+            )
+        except TimeoutError as exc:
+            raise ControlPlaneError(f"{exc}\n{tail(component.log_path)}") from None
+
+    def _start_etcd(self, deadline: float) -> None:
+        self.etcd_port = free_port()
+        peer_port = free_port()
+        client_url = f"http://{LOOPBACK}:{self.etcd_port}"
+        peer_url = f"http://{LOOPBACK}:{peer_port}"
+        etcd = self._spawn(
+            "etcd",
+            [
+                self._binary("etcd"),
+                "--name=fleetkit",
+                f"--data-dir={self._dir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=fleetkit={peer_url}",
+                # Test data is disposable: skipping fsync makes every write
+                # cheap, which the API server notices on a 2-core machine.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+
+        def healthy() -> bool:
+            conn = http.client.HTTPConnection(LOOPBACK, self.etcd_port, timeout=2)
+            try:
+                conn.request("GET", "/health")
+                body = conn.getresponse().read()
+            finally:
+                conn.close()
+            return bool(json.loads(body).get("health") == "true")
+
+        self._wait(etcd, healthy, deadline)
+
+    def _start_apiserver(self, deadline: float) -> None:
+        self.port = free_port()
+        pki = self._dir / "pki"
+        disabled = [] if self.controller_manager else ["ServiceAccount"]
+        args = [
+            self._binary("kube-apiserver"),
+            f"--etcd-servers=http://{LOOPBACK}:{self.etcd_port}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={self.port}",
+            f"--cert-dir={self._dir / 'apiserver'}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # No kube-proxy: reach aggregated APIs and webhooks at endpoint
+            # addresses (loopback here), never at a ClusterIP.
+            "--enable-aggregator-routing=true",
+            # The `kubernetes` Service's endpoints would point at loopback,
+            # which Endpoints validation refuses; nothing here needs them.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ]
+        if disabled:
+            args.append(f"--disable-admission-plugins={','.join(disabled)}")
+        apiserver = self._spawn("kube-apiserver", args)
+        self._kubeconfig_for_cert("admin")
+
+        def ready() -> bool:
+            status, _ = self.get("/readyz", timeout=2)
+            return status == 200
+
+        self._wait(apiserver, ready, deadline)
+
+    def _start_controller_manager(self, deadline: float) -> None:
+        pki = self._dir / "pki"
+        kubeconfig = self._kubeconfig_for_cert("controller-manager")
+        manager = self._spawn(
+            "kube-controller-manager",
+            [
+                self._binary("kube-controller-manager"),
+                f"--kubeconfig={kubeconfig}",
+                # As in a real cluster: each controller acts as its own
+                # ServiceAccount in kube-system, under the bootstrap RBAC.
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--secure-port=0",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--controllers={','.join(CONTROLLERS)}",
+            ],
+        )
+
+        # The serviceaccount controller has run once the default namespace has
+        # its "default" ServiceAccount: the manager is up and acting.
+        def acting() -> bool:
+            status, _ = self.get("/api/v1/namespaces/default/serviceaccounts/default", timeout=2)
+            return status == 200
+
+        self._wait(manager, acting, deadline)
+
+    # ---- up / down state
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "workdir": str(self._dir),
+            "admin_kubeconfig": str(self.admin_kubeconfig),
+            "components": [
+                {
+                    "name": c.name,
+                    "pid": c.process.pid if c.process else c.pid,
+                    "args": c.args,
+                    "log": str(c.log_path),
+                }
+                for c in self._components
+            ],
+        }
+
+    @classmethod
+    def adopt(cls, state: dict[str, Any]) -> ControlPlane:
+        """A handle on processes a previous ``up`` started, so ``stop()`` ends them."""
+        plane = cls(workdir=Path(state["workdir"]), die_with_parent=False)
+        plane._owns_workdir = True
+        plane.port = int(state["server"].rsplit(":", 1)[1])
+        for c in state["components"]:
+            plane._components.append(_Component(c["name"], c["args"], Path(c["log"]), pid=c["pid"]))
+        return plane
+
+
+#: Controllers run by kube-controller-manager: what Deployments, namespaces,
+#: ServiceAccounts, garbage collection and Services need; none that expect nodes.
+CONTROLLERS = (
+    "serviceaccount-token-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "disruption-controller",
+    "horizontal-pod-autoscaler-controller",
+    "endpointslice-controller",
+    "endpoints-controller",
+    "resourcequota-controller",
+)
+
+
+def _terminate(component: _Component, timeout: float) -> None:
+    if component.process is not None:
+        process = component.process
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        return
+    pid = component.pid
+    if pid is None or not _pid_runs(pid, component.args[0]):
+        return
+    os.kill(pid, signal.SIGTERM)
+    try:
+        wait_for(
+            lambda: not _pid_runs(pid, component.args[0]),
+            timeout=timeout,
+            interval=0.1,
+            what=f"{component.name} to exit",
+        )
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- helm
+
+
+class HelmError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Helm:
+    """The built helm with its own cache/config/data dirs (never the user's)."""
+
+    binary: Path
+    home: Path
+    kubeconfig: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBE"))}
+        env |= {
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig)
+        return env
+
+    def run(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run ``helm ARGS``; :class:`HelmError` (with stderr) when it fails."""
+        result = subprocess.run(
+            [str(self.binary), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise HelmError(
+                f"helm {' '.join(args)} exited {result.returncode}\n"
+                f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+            )
+        return result
+
+
+# --------------------------------------------------------------------------- RBAC
+
+
+def service_account_with_rules(
+    api: k8s.ApiClient, namespace: str, name: str, rules: Sequence[k8s.V1PolicyRule]
+) -> None:
+    """Create ServiceAccount ``name`` bound to a Role ``name`` holding exactly ``rules``."""
+    core = k8s.CoreV1Api(api)
+    rbac = k8s.RbacAuthorizationV1Api(api)
+    meta = k8s.V1ObjectMeta(name=name)
+    core.create_namespaced_service_account(namespace, k8s.V1ServiceAccount(metadata=meta))
+    rbac.create_namespaced_role(namespace, k8s.V1Role(metadata=meta, rules=list(rules)))
+    rbac.create_namespaced_role_binding(
+        namespace,
+        k8s.V1RoleBinding(
+            metadata=meta,
+            role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name),
+            subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name=name, namespace=namespace)],
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def make_pod_ready(
+    api: k8s.ApiClient, namespace: str, name: str, ip: str = LOOPBACK
+) -> dict[str, Any]:
+    """Write the status a kubelet would report for a started, ready Pod.
+
+    There is no kubelet (and no scheduler) in this control plane, so Pods stay
+    Pending. Patching ``status`` to Running with every container ready and an
+    IP lets the ReplicaSet and Deployment controllers count the Pod as
+    available and the EndpointSlice controller publish it, which is all the
+    operator and the router observe. The Pod's processes, if any, are run by
+    the test itself (e.g. a replica on ``ip``).
+    """
+    core = k8s.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    containers = pod.spec.containers or []
+    condition_types = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    body = {
+        "status": {
+            "phase": "Running",
+            "hostIP": LOOPBACK,
+            "hostIPs": [{"ip": LOOPBACK}],
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now} for t in condition_types
+            ],
+            "containerStatuses": [
+                {
+                    "name": c.name,
+                    "image": c.image,
+                    "imageID": "",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now}},
+                }
+                for c in containers
+            ],
+        }
+    }
+    response = core.patch_namespaced_pod_status(
+        name, namespace, body, _content_type="application/strategic-merge-patch+json"
+    )
+    result: dict[str, Any] = api.sanitize_for_serialization(response)
+    return result
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def session_control_plane(
+    workdir: Path | None = None, *, controller_manager: bool | None = None
+) -> Iterator[ControlPlane]:
+    """Body of a session-scoped pytest fixture: skip/fail on missing tools, start, stop.
+
+    ``controller_manager=None`` runs kube-controller-manager when it was built.
+    Use as ``yield from session_control_plane(tmp_path_factory.mktemp("cp"))``.
+    """
+    bin_dir = require_tools(REQUIRED_TOOLS)
+    if controller_manager is None:
+        controller_manager = not missing_tools(OPTIONAL_TOOLS, bin_dir)
+    elif controller_manager:
+        require_tools(OPTIONAL_TOOLS, bin_dir)
+    plane = ControlPlane(bin_dir=bin_dir, workdir=workdir, controller_manager=controller_manager)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cluster_dir() -> Path:
+    return repo_root() / ".cache" / "cluster"
+
+
+def _up(args: argparse.Namespace) -> int:
+    state_file = _cluster_dir() / "state.json"
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        plane = ControlPlane.adopt(state)
+        if all(c.alive() for c in plane._components):
+            print(f"already up: {state['server']}\n  export KUBECONFIG={state['admin_kubeconfig']}")
+            return 0
+        plane.stop()  # a stale or half-dead cluster: clear it and start over
+    missing = missing_tools(REQUIRED_TOOLS[:2])
+    if missing:
+        print(f"missing {', '.join(missing)}: run `make tools`", file=sys.stderr)
+        return 1
+    with_manager = not args.no_controller_manager and not missing_tools(OPTIONAL_TOOLS)
+    shutil.rmtree(_cluster_dir(), ignore_errors=True)
+    plane = ControlPlane(
+        workdir=_cluster_dir(), controller_manager=with_manager, die_with_parent=False
+    )
+    plane.start()
+    state_file.write_text(json.dumps(plane.state(), indent=2))
+    print(
+        f"control plane up: {plane.server}"
+        f" ({', '.join(c.name for c in plane._components)})\n"
+        f"  export KUBECONFIG={plane.admin_kubeconfig}\n"
+        f"  logs: {plane._dir / 'logs'}\n"
+        f"  stop: make cluster-down"
+    )
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    state_file = _cluster_dir() / "state.json"
+    if not state_file.exists():
+        print("no control plane is up (no .cache/cluster/state.json)")
+        return 0
+    plane = ControlPlane.adopt(json.loads(state_file.read_text()))
+    plane.stop()
+    print("control plane stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    state_file = _cluster_dir() / "state.json"
+    if not state_file.exists():
+        print("down")
+        return 1
+    plane = ControlPlane.adopt(json.loads(state_file.read_text()))
+    for c in plane._components:
+        print(f"{c.name}: {'running' if c.alive() else 'EXITED'} (pid {c.pid})")
+    if args.logs:
+        plane.print_logs()
+    return 0 if all(c.alive() for c in plane._components) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fleetkit.controlplane", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start in the background; state in .cache/cluster/")
+    up.add_argument("--no-controller-manager", action="store_true")
+    up.set_defaults(func=_up)
+    sub.add_parser("down", help="stop what `up` started").set_defaults(func=_down)
+    status = sub.add_parser("status", help="are the processes running?")
+    status.add_argument("--logs", action="store_true", help="print the log tails")
+    status.set_defaults(func=_status)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
