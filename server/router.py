@@ -38,6 +38,7 @@ from mcpfleet.server.routetable import Health, ReplicaView, SessionTable
 from mcpfleet.server.routing import (
     RouteKind,
     classify,
+    parses_as_json,
     pick_stateless,
     place_session,
     valid_session_id,
@@ -248,6 +249,10 @@ class Router:
 
         method: str = scope["method"]
         kind = classify(method, headers, body)
+        if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
+            # Answered here: a replica would open (and leak) a session for it.
+            await _respond(send, 400, _error(-32700, "Parse error: the body is not JSON"))
+            return
         if kind is RouteKind.STICKY:
             await self._sticky(scope, receive, send, headers["mcp-session-id"], body)
         else:

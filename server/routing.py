@@ -41,6 +41,14 @@ def valid_session_id(value: str) -> bool:
     return bool(_SESSION_ID.match(value))
 
 
+def parses_as_json(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
 def is_initialize(body: bytes) -> bool:
     """True if a POST body is a JSON-RPC ``initialize`` request (or a batch holding one)."""
     try:

@@ -1,0 +1,25 @@
+"""Shared test configuration: tier markers are applied by folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_TIERS = {"unit": "unit", "fleet": "fleet", "controlplane": "controlplane", "kind": "kind"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        tier = _TIERS.get(folder)
+        if tier is not None and not any(m.name == tier for m in item.iter_markers()):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Keep each phase's report on the item, so fixtures can print diagnostics on failure."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -1,0 +1,93 @@
+"""The router's pure decisions."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from mcpfleet.server.routing import (
+    Candidate,
+    RouteKind,
+    classify,
+    is_initialize,
+    pick_stateless,
+    place_session,
+    valid_session_id,
+)
+
+INIT = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}).encode()
+CALL = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "body", "kind"),
+    [
+        ("POST", {"mcp-session-id": "abc"}, CALL, RouteKind.STICKY),
+        ("GET", {"mcp-session-id": "abc"}, b"", RouteKind.STICKY),
+        ("DELETE", {"mcp-session-id": "abc"}, b"", RouteKind.STICKY),
+        ("POST", {}, INIT, RouteKind.INITIALIZE),
+        ("POST", {}, b"[" + INIT + b"]", RouteKind.INITIALIZE),
+        ("POST", {"mcp-protocol-version": "2026-07-28"}, CALL, RouteKind.STATELESS),
+        ("POST", {"mcp-protocol-version": "2026-07-28"}, INIT, RouteKind.STATELESS),
+        ("POST", {}, CALL, RouteKind.STATELESS),
+        ("POST", {}, b"not json", RouteKind.STATELESS),
+        ("GET", {}, b"", RouteKind.STATELESS),
+    ],
+)
+def test_classify(method: str, headers: dict[str, str], body: bytes, kind: RouteKind) -> None:
+    assert classify(method, headers, body) is kind
+
+
+def test_is_initialize_ignores_garbage() -> None:
+    assert not is_initialize(b"\xff\xfe")
+    assert not is_initialize(b'"initialize"')
+    assert not is_initialize(b'{"method": "tools/call"}')
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("7eaabf95e70c49f2a2edd12621ae1eba", True),
+        ("a", True),
+        ("x" * 128, True),
+        ("x" * 129, False),
+        ("", False),
+        ("has space", False),
+        ("tab\there", False),
+        ("caf\u00e9", False),
+        ("new\nline", False),
+    ],
+)
+def test_session_id_validation(value: str, ok: bool) -> None:
+    assert valid_session_id(value) is ok
+
+
+def test_place_session_prefers_fewest_sessions_then_inflight_then_name() -> None:
+    cands = [Candidate("b", 3, 0), Candidate("a", 3, 0), Candidate("c", 1, 9)]
+    assert place_session(cands).name == "c"  # type: ignore[union-attr]
+    cands = [Candidate("b", 2, 1), Candidate("a", 2, 1), Candidate("c", 2, 0)]
+    assert place_session(cands).name == "c"  # type: ignore[union-attr]
+    cands = [Candidate("b", 2, 1), Candidate("a", 2, 1)]
+    assert place_session(cands).name == "a"  # type: ignore[union-attr]
+
+
+def test_place_session_honours_the_cap() -> None:
+    cands = [Candidate("a", 5, 0), Candidate("b", 4, 0)]
+    assert place_session(cands, cap=5).name == "b"  # type: ignore[union-attr]
+    assert place_session(cands, cap=4) is None
+    assert place_session([]) is None
+
+
+def test_pick_stateless_avoids_the_busiest_and_spreads() -> None:
+    rng = random.Random(7)
+    cands = [Candidate("idle", 0, 0), Candidate("busy", 0, 50), Candidate("mid", 0, 5)]
+    picks = Counter(pick_stateless(cands, rng).name for _ in range(3000))  # type: ignore[union-attr]
+    assert picks["busy"] == 0, "power of two choices never picks the worst of three"
+    assert picks["idle"] > picks["mid"] > 0
+    even = [Candidate(n, 0, 0) for n in "abc"]
+    spread = Counter(pick_stateless(even, rng).name for _ in range(3000))  # type: ignore[union-attr]
+    assert min(spread.values()) > 700
+    assert pick_stateless([]) is None
