@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleetkit.controlplane import ControlPlane, repo_root, wait_for
@@ -70,11 +71,13 @@ def test_admin_creates_crd_and_custom_object(admin_api: k8s.ApiClient, namespace
         },
     }
     extensions = k8s.ApiextensionsV1Api(admin_api)
-    extensions.create_custom_resource_definition(crd)
+    model = k8s.V1CustomResourceDefinition.from_dict(crd)
+    assert model is not None
+    extensions.create_custom_resource_definition(model)
 
     def established() -> bool:
         got = extensions.read_custom_resource_definition("widgets.fleetkit.test")
-        conditions = got.status.conditions or []
+        conditions = (got.status.conditions if got.status else None) or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
     wait_for(established, timeout=15, what="the Widget CRD to be Established")
@@ -87,7 +90,9 @@ def test_admin_creates_crd_and_custom_object(admin_api: k8s.ApiClient, namespace
         "spec": {"size": 3},
     }
     custom.create_namespaced_custom_object("fleetkit.test", "v1", namespace, "widgets", widget)
-    got = custom.get_namespaced_custom_object("fleetkit.test", "v1", namespace, "widgets", "w1")
+    got: Any = custom.get_namespaced_custom_object(
+        "fleetkit.test", "v1", namespace, "widgets", "w1"
+    )
     assert got["spec"] == {"size": 3}
 
     # The schema is enforced by the server: the CRD is real, not a stub.

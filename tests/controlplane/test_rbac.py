@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from fleetkit.controlplane import ControlPlane, service_account_with_rules
 from kubernetes import client as k8s
@@ -41,7 +43,7 @@ def test_service_account_reads_only_its_named_secret(
     sa.replace_namespaced_secret("fleet-keys", namespace, secret)
 
     # Refused: anything else, each with the API server's 403.
-    refused = {
+    refused: dict[str, Callable[[], object]] = {
         "list secrets": lambda: sa.list_namespaced_secret(namespace),
         "read another secret": lambda: sa.read_namespaced_secret("other", namespace),
         "create a configmap": lambda: sa.create_namespaced_config_map(
@@ -71,4 +73,5 @@ def test_service_account_kubeconfig_acts_as_the_account(
         review = k8s.AuthenticationV1Api(api).create_self_subject_review(k8s.V1SelfSubjectReview())
     finally:
         api.close()
+    assert review.status is not None and review.status.user_info is not None
     assert review.status.user_info.username == f"system:serviceaccount:{namespace}:reader"

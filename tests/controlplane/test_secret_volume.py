@@ -125,8 +125,9 @@ def test_readers_never_see_a_mix_of_two_versions(
             _update(admin_api, namespace, n)
             # Let each generation land before the next, so the reader races
             # many distinct swaps rather than one coalesced write.
+            marker = f"generation-{n}"
             wait_for(
-                lambda n=n: syncer.directory.joinpath("key-0").read_text() == f"generation-{n}",
+                lambda: (syncer.directory / "key-0").read_text() == marker,  # noqa: B023
                 timeout=1.0,
                 interval=0.002,
                 what=f"generation {n}",

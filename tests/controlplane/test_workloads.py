@@ -15,6 +15,23 @@ from kubernetes import client as k8s
 pytestmark = pytest.mark.controlplane
 
 
+def _deployment(name: str, replicas: int) -> k8s.V1Deployment:
+    labels = {"app": name}
+    return k8s.V1Deployment(
+        metadata=k8s.V1ObjectMeta(name=name),
+        spec=k8s.V1DeploymentSpec(
+            replicas=replicas,
+            selector=k8s.V1LabelSelector(match_labels=labels),
+            template=k8s.V1PodTemplateSpec(
+                metadata=k8s.V1ObjectMeta(labels=labels),
+                spec=k8s.V1PodSpec(
+                    containers=[k8s.V1Container(name=name, image="example.invalid/web:1")]
+                ),
+            ),
+        ),
+    )
+
+
 def test_deployment_becomes_available_when_its_pods_are_made_ready(
     control_plane: ControlPlane, admin_api: k8s.ApiClient, namespace: str
 ) -> None:
@@ -22,51 +39,26 @@ def test_deployment_becomes_available_when_its_pods_are_made_ready(
     assert control_plane.controller_manager
     core = k8s.CoreV1Api(admin_api)
     apps = k8s.AppsV1Api(admin_api)
-    # The ServiceAccount admission plugin is on: Pods need the namespace's
-    # "default" ServiceAccount, which the controller-manager creates.
-    wait_for(
-        lambda: core.list_namespaced_service_account(namespace).items,
-        timeout=10,
-        what="the default ServiceAccount",
-    )
-    labels = {"app": "web"}
-    apps.create_namespaced_deployment(
-        namespace,
-        k8s.V1Deployment(
-            metadata=k8s.V1ObjectMeta(name="web"),
-            spec=k8s.V1DeploymentSpec(
-                replicas=2,
-                selector=k8s.V1LabelSelector(match_labels=labels),
-                template=k8s.V1PodTemplateSpec(
-                    metadata=k8s.V1ObjectMeta(labels=labels),
-                    spec=k8s.V1PodSpec(
-                        containers=[k8s.V1Container(name="web", image="example.invalid/web:1")]
-                    ),
-                ),
-            ),
-        ),
-    )
-    pods = wait_for(
-        lambda: (
-            (p := core.list_namespaced_pod(namespace, label_selector="app=web").items)
-            and len(p) == 2
-            and p
-        ),
-        timeout=20,
-        what="the ReplicaSet to create 2 Pods",
-    )
-    assert all(p.status.phase == "Pending" for p in pods)  # no kubelet runs them
+    apps.create_namespaced_deployment(namespace, _deployment("web", 2))
+
+    def two_pods() -> list[k8s.V1Pod] | None:
+        pods = core.list_namespaced_pod(namespace, label_selector="app=web").items
+        return pods if len(pods) == 2 else None
+
+    # The ServiceAccount admission plugin is on: the ReplicaSet controller's
+    # Pods are admitted once the controller-manager made the "default" account.
+    pods = wait_for(two_pods, timeout=20, what="the ReplicaSet to create 2 Pods")
+    assert all(p.status and p.status.phase == "Pending" for p in pods)  # no kubelet runs them
 
     for i, pod in enumerate(pods):
-        status = make_pod_ready(admin_api, namespace, pod.metadata.name, f"127.0.0.{10 + i}")
-        assert status["status"]["podIP"] == f"127.0.0.{10 + i}"
+        assert pod.metadata and pod.metadata.name
+        ip = f"127.0.0.{10 + i}"
+        patched = make_pod_ready(admin_api, namespace, pod.metadata.name, ip)
+        assert patched["status"]["podIP"] == ip
 
-    deployment = wait_for(
-        lambda: (
-            (d := apps.read_namespaced_deployment("web", namespace)).status.available_replicas == 2
-            and d
-        ),
-        timeout=20,
-        what="the Deployment to report 2 available replicas",
-    )
-    assert deployment.status.ready_replicas == 2
+    def available() -> k8s.V1DeploymentStatus | None:
+        status = apps.read_namespaced_deployment("web", namespace).status
+        return status if status and status.available_replicas == 2 else None
+
+    status = wait_for(available, timeout=20, what="the Deployment to report 2 available Pods")
+    assert status.ready_replicas == 2

@@ -111,7 +111,7 @@ class CertificateAuthority:
     def _issue(
         self,
         subject: x509.Name,
-        usage: ExtendedKeyUsageOID | x509.ObjectIdentifier,
+        usage: x509.ObjectIdentifier,
         san: list[x509.GeneralName],
     ) -> KeyPair:
         key = _new_key()

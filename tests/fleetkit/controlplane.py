@@ -344,8 +344,9 @@ class ControlPlane:
             response = k8s.CoreV1Api(api).create_namespaced_service_account_token(
                 name, namespace, request
             )
-        token: str = response.status.token
-        return token
+        if response.status is None or not response.status.token:
+            raise ControlPlaneError(f"TokenRequest for {namespace}/{name} returned no token")
+        return response.status.token
 
     def kubeconfig_for_service_account(
         self, namespace: str, name: str, *, expiration_seconds: int = 3600
@@ -763,7 +764,7 @@ def make_pod_ready(
     core = k8s.CoreV1Api(api)
     pod = core.read_namespaced_pod(name, namespace)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    containers = pod.spec.containers or []
+    containers = pod.spec.containers if pod.spec else []
     condition_types = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
     body = {
         "status": {

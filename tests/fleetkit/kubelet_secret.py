@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -230,9 +231,13 @@ class SecretVolumeSyncer:
         log.warning("secret syncer %s/%s: %r", self.namespace, self.name, exc)
 
     def _relist(self) -> None:
-        secret = self._core.read_namespaced_secret(self.name, self.namespace)
-        self._apply(secret.data or {})
-        self.resource_version = secret.metadata.resource_version
+        # Raw JSON, the same shape the watch events carry (data is base64).
+        response: Any = self._core.read_namespaced_secret(
+            self.name, self.namespace, _preload_content=False
+        )
+        raw: dict[str, Any] = json.loads(response.read())
+        self._apply(raw.get("data") or {})
+        self.resource_version = raw["metadata"]["resourceVersion"]
 
     def _watch_once(self) -> None:
         watch = k8s_watch.Watch()
