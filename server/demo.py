@@ -103,12 +103,14 @@ def connect(
         headers: dict[str, str] | None = None,
         timeout: httpx2.Timeout | None = None,
         auth: httpx2.Auth | None = None,
+        **kwargs: Any,
     ) -> httpx2.AsyncClient:
         return httpx2.AsyncClient(
             headers=headers,
             auth=auth,
             timeout=timeout or httpx2.Timeout(default_timeout, read=300.0),
             event_hooks={"response": [on_response]},
+            **kwargs,
         )
 
     async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:

@@ -321,6 +321,10 @@ class LocalFleet:
 
     # --- operations ----------------------------------------------------------------------
 
+    def replica_names(self) -> list[str]:
+        """Replicas whose process is running."""
+        return [m.name for m in self.members.values() if m.proc.alive]
+
     def kill(self, name: str) -> None:
         """SIGKILL a replica: no drain, no goodbye."""
         proc = self.members[name].proc

@@ -1,0 +1,150 @@
+"""Key ring rotation while modern rounds run across replicas, and tokens that must fail."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fleetkit.fleet import local_fleet
+from fleetkit.wire import accept, modern_call
+
+from mcpfleet.server.demo import connect
+from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
+
+from .conftest import track, untrack
+
+STATE_TTL = 4.0
+
+
+@pytest.fixture(scope="module")
+def rotating_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """A fleet whose request-state tokens live STATE_TTL seconds, so a rotation is quick."""
+    args = ("--state-ttl", str(STATE_TTL))
+    with local_fleet(tmp_path_factory.mktemp("rot"), replica_args=args) as lf:
+        track(lf)
+        yield lf
+        untrack(lf)
+
+
+def _first_round(url: str) -> tuple[str, str | None]:
+    answer = modern_call(url, "confirm_purchase", {"item": "kettle", "amount_eur": 30})
+    assert answer.status == 200, answer.body
+    assert answer.result["resultType"] == "input_required"
+    return answer.result["requestState"], answer.replica
+
+
+def _replay(url: str, token: str) -> dict[str, object] | None:
+    answer = modern_call(url, "confirm_purchase", {"item": "kettle", "amount_eur": 30},
+                         request_state=token, input_responses={"ok": accept(True)})
+    return answer.error
+
+
+async def test_full_rotation_under_load_fails_no_round(rotating_fleet: LocalFleet) -> None:
+    lf = rotating_fleet
+    old_token, _ = _first_round(lf.url)
+    original = lf.ring().kids
+    stop = asyncio.Event()
+    completed: list[str] = []
+    failures: list[str] = []
+
+    async def worker(n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(lf.url, "modern") as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": f"C{n}"})
+                        if not str(result.data).startswith("Booked"):
+                            failures.append(str(result.data))
+                        completed.append(lf.ring().phase)
+            except Exception as exc:  # any failed round is a failure of the rotation
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    workers = [asyncio.create_task(worker(n)) for n in range(4)]
+
+    async def progress(flows: int) -> None:
+        """Let ``flows`` more bookings complete under the current ring before moving on."""
+        target = len(completed) + flows
+        deadline = time.monotonic() + 30
+        while len(completed) < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(completed) >= target, f"flows stalled at {len(completed)}: {failures[:3]}"
+
+    try:
+        wait = asyncio.to_thread
+        await progress(5)
+        staged = await wait(lf.rotate_step, "stage")
+        await wait(lf.wait_attested, staged.kids)
+        await progress(10)
+        promoted = await wait(lf.rotate_step, "promote")
+        await wait(lf.wait_attested, promoted.kids)
+        await progress(10)
+        # Step 5: tokens sealed under the old key expire within one TTL of the last
+        # replica sealing with it; the protocol waits that long, by the clock.
+        await asyncio.sleep(STATE_TTL + 0.5)
+        retired = await wait(lf.rotate_step, "retire")
+        await wait(lf.wait_attested, retired.kids)
+        await progress(20)
+    finally:
+        stop.set()
+        await asyncio.gather(*workers)
+    assert failures == []
+    assert {"staged", "promoted", "stable"} <= set(completed)
+    assert retired.kids == (promoted.kids[0],) and retired.kids[0] not in original
+
+    # A token sealed under the retired key is refused, for that reason.
+    error = _replay(lf.url, old_token)
+    assert error is not None and error["message"] == "Invalid or expired requestState"
+    logs = "\n".join(tail for _, tail in lf.logs())
+    assert "requestState rejected on tools/call: unknown key" in logs
+
+
+@pytest.mark.parametrize(
+    ("mangle", "reason"),
+    [
+        (lambda t: t[:-2] + ("AA" if t[-2:] != "AA" else "BB"), "seal"),
+        (lambda t: t[:40], "malformed"),
+        (lambda t: t + "x", "malformed"),
+    ],
+    ids=["tampered", "truncated", "extended"],
+)
+def test_tampered_and_truncated_tokens_are_refused(
+    rotating_fleet: LocalFleet, mangle, reason: str  # type: ignore[no-untyped-def]
+) -> None:
+    token, _ = _first_round(rotating_fleet.url)
+    error = _replay(rotating_fleet.url, mangle(token))
+    assert error is not None and error["message"] == "Invalid or expired requestState"
+    logs = "\n".join(tail for _, tail in rotating_fleet.logs())
+    assert f"requestState rejected on tools/call: {reason}" in logs
+    # ... and the genuine token still completes the purchase.
+    answer = modern_call(rotating_fleet.url, "confirm_purchase",
+                         {"item": "kettle", "amount_eur": 30},
+                         request_state=token, input_responses={"ok": accept(True)})
+    assert answer.error is None
+    text = answer.result["content"][0]["text"]
+    assert text.startswith("Purchased kettle for EUR 30.00.")
+
+
+def test_a_token_of_another_audience_is_refused(rotating_fleet: LocalFleet, tmp_path: Path) -> None:
+    """Same keys, different audience: a token minted by another service must not verify."""
+    port = free_port()
+    other = Proc("other", mcpfleet_argv("serve", "--keys", str(rotating_fleet.keys_dir),
+                                        "--port", str(port), "--name", "other",
+                                        "--audience", "another-service"),
+                 tmp_path / "other.log")
+    other.start(rotating_fleet.env())
+    try:
+        wait_for("the other service", lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 30)
+        token, replica = _first_round(f"http://127.0.0.1:{port}/mcp")
+        assert replica == "other"
+        error = _replay(rotating_fleet.url, token)
+        assert error is not None and error["message"] == "Invalid or expired requestState"
+        logs = "\n".join(tail for _, tail in rotating_fleet.logs())
+        assert "requestState rejected on tools/call: audience" in logs
+    finally:
+        other.stop()
+    assert other.popen is not None and other.popen.returncode is not None
+    assert isinstance(other.popen, subprocess.Popen)

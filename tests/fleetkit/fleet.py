@@ -1,0 +1,112 @@
+"""The ``Fleet`` interface the multi-replica scenarios are written against, and its backends.
+
+A scenario gets a :class:`Fleet` and never asks how it runs: local processes
+here (:func:`local_fleet`), a real API server feeding the key ring through a
+Secret (the control-plane backend), or a kind cluster. On failure the
+scenario prints :func:`diagnostics`: log tails, the replica registry and the
+routing table as Redis holds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from mcpfleet.server.contract import Attestation, RedisKeys
+from mcpfleet.server.devfleet import LocalFleet
+from mcpfleet.server.keyring import KeyRing
+
+
+class Fleet(Protocol):
+    """What a multi-replica scenario may do to a fleet."""
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint clients use (a router)."""
+        ...
+
+    def router_url(self, index: int) -> str: ...
+
+    def replica_names(self) -> list[str]: ...
+
+    def kill(self, name: str) -> None:
+        """Kill a replica without a chance to drain."""
+        ...
+
+    def drain(self, name: str) -> None:
+        """Ask a replica to drain and exit (SIGTERM, or a pod deletion)."""
+        ...
+
+    def rotate_step(self, step: str) -> KeyRing:
+        """Apply stage/promote/retire/abort to the fleet's key ring where it lives."""
+        ...
+
+    def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None: ...
+
+    def attestations(self) -> dict[str, Attestation]: ...
+
+    def ring(self) -> KeyRing: ...
+
+
+def require_redis() -> str:
+    """The redis-server binary; in CI a missing one fails the run rather than skipping it."""
+    import pytest
+
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail("redis-server is not installed (.ci/run installs it with apt-get)")
+    pytest.skip("redis-server is not installed: apt-get install redis-server (or make deps)")
+
+
+@contextlib.contextmanager
+def local_fleet(
+    workdir: Path,
+    *,
+    replicas: int = 3,
+    routers: int = 1,
+    replica_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
+    fleet: str = "test",
+) -> Iterator[LocalFleet]:
+    """A fleet of local processes; torn down (and its ports freed) on exit."""
+    require_redis()
+    lf = LocalFleet(workdir, replicas=replicas, routers=routers, fleet=fleet,
+                    replica_args=tuple(replica_args), router_args=tuple(router_args))
+    try:
+        lf.start()
+    except BaseException:
+        print(diagnostics(lf))
+        lf.stop()
+        raise
+    try:
+        yield lf
+    finally:
+        lf.stop()
+
+
+def diagnostics(fleet: LocalFleet) -> str:
+    """What a person needs when a fleet scenario fails."""
+    out = [f"=== fleet {fleet.fleet} (router {fleet.router_ports}, redis {fleet.redis_port}) ==="]
+    try:
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
+        keys = RedisKeys(fleet.fleet)
+        names = sorted(k.decode() for k in client.scan_iter(f"{keys.prefix}:*", count=1000))
+        out.append(f"--- redis keys ({len(names)}) ---")
+        for name in names[:200]:
+            kind = client.type(name).decode()
+            value = client.get(name).decode() if kind == "string" else kind
+            out.append(f"{name} = {value}")
+        client.close()
+    except Exception as exc:
+        out.append(f"(redis not readable: {type(exc).__name__}: {exc})")
+    for name, tail in fleet.logs():
+        out.append(f"--- {name} log (tail) ---\n{tail}")
+    return "\n".join(out)
