@@ -45,7 +45,14 @@ def load_app(spec: str) -> FastMCP[Any]:
                 f"--app {spec!r}: {module_name!r} has no attribute {attr!r}"
             ) from None
     if callable(obj) and not isinstance(obj, FastMCP):
-        obj = obj()  # a factory
+        factory = obj
+        try:
+            obj = factory()  # a factory that builds the server
+        except Exception as exc:
+            raise AppLoadError(
+                f"--app {spec!r} is not a FastMCP server, and calling it as a factory failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
     if not isinstance(obj, FastMCP):
         raise AppLoadError(f"--app {spec!r} is a {type(obj).__name__}, not a FastMCP server")
     return obj

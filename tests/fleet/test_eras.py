@@ -12,8 +12,10 @@ from mcpfleet.server.devfleet import LocalFleet
 async def test_modern_booking_rounds_land_on_several_replicas(fleet: LocalFleet) -> None:
     trace = Trace()
     async with connect(fleet.url, "modern", trace) as client:
-        results = [await client.call_tool("book_flight", {"destination": d})
-                   for d in ("Oslo", "Porto", "Riga")]
+        results = [
+            await client.call_tool("book_flight", {"destination": d})
+            for d in ("Oslo", "Porto", "Riga")
+        ]
     for result in results:
         assert str(result.data).startswith("Booked economy to ")
     calls = trace.calls()

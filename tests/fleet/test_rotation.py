@@ -38,8 +38,13 @@ def _first_round(url: str) -> tuple[str, str | None]:
 
 
 def _replay(url: str, token: str) -> dict[str, object] | None:
-    answer = modern_call(url, "confirm_purchase", {"item": "kettle", "amount_eur": 30},
-                         request_state=token, input_responses={"ok": accept(True)})
+    answer = modern_call(
+        url,
+        "confirm_purchase",
+        {"item": "kettle", "amount_eur": 30},
+        request_state=token,
+        input_responses={"ok": accept(True)},
+    )
     return answer.error
 
 
@@ -112,7 +117,9 @@ async def test_full_rotation_under_load_fails_no_round(rotating_fleet: LocalFlee
     ids=["tampered", "truncated", "extended"],
 )
 def test_tampered_and_truncated_tokens_are_refused(
-    rotating_fleet: LocalFleet, mangle, reason: str  # type: ignore[no-untyped-def]
+    rotating_fleet: LocalFleet,
+    mangle,
+    reason: str,  # type: ignore[no-untyped-def]
 ) -> None:
     token, _ = _first_round(rotating_fleet.url)
     error = _replay(rotating_fleet.url, mangle(token))
@@ -120,9 +127,13 @@ def test_tampered_and_truncated_tokens_are_refused(
     logs = "\n".join(tail for _, tail in rotating_fleet.logs())
     assert f"requestState rejected on tools/call: {reason}" in logs
     # ... and the genuine token still completes the purchase.
-    answer = modern_call(rotating_fleet.url, "confirm_purchase",
-                         {"item": "kettle", "amount_eur": 30},
-                         request_state=token, input_responses={"ok": accept(True)})
+    answer = modern_call(
+        rotating_fleet.url,
+        "confirm_purchase",
+        {"item": "kettle", "amount_eur": 30},
+        request_state=token,
+        input_responses={"ok": accept(True)},
+    )
     assert answer.error is None
     text = answer.result["content"][0]["text"]
     assert text.startswith("Purchased kettle for EUR 30.00.")
@@ -131,10 +142,21 @@ def test_tampered_and_truncated_tokens_are_refused(
 def test_a_token_of_another_audience_is_refused(rotating_fleet: LocalFleet, tmp_path: Path) -> None:
     """Same keys, different audience: a token minted by another service must not verify."""
     port = free_port()
-    other = Proc("other", mcpfleet_argv("serve", "--keys", str(rotating_fleet.keys_dir),
-                                        "--port", str(port), "--name", "other",
-                                        "--audience", "another-service"),
-                 tmp_path / "other.log")
+    other = Proc(
+        "other",
+        mcpfleet_argv(
+            "serve",
+            "--keys",
+            str(rotating_fleet.keys_dir),
+            "--port",
+            str(port),
+            "--name",
+            "other",
+            "--audience",
+            "another-service",
+        ),
+        tmp_path / "other.log",
+    )
     other.start(rotating_fleet.env())
     try:
         wait_for("the other service", lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 30)
