@@ -14,6 +14,7 @@ from typing import Any
 
 from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+
 from mcpfleet.server.codec import ReloadableCodec
 
 DEFAULT_APP = "mcpfleet.server.example.app:app"

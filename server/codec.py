@@ -14,6 +14,7 @@ import binascii
 from collections.abc import Callable
 
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
+
 from mcpfleet.server.keyring import KeyRing
 
 _PREFIX = "v1."

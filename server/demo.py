@@ -16,6 +16,7 @@ from typing import Any, Literal
 import httpx2
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
+
 from mcpfleet.server.contract import REPLICA_HEADER
 
 Era = Literal["modern", "handshake"]

@@ -21,8 +21,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from mcpfleet.server.contract import DRAINING_HEADER, REPLICA_HEADER, SESSION_HEADER
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mcpfleet.server.contract import DRAINING_HEADER, REPLICA_HEADER, SESSION_HEADER
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()
 

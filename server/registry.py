@@ -16,8 +16,9 @@ import logging
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from mcpfleet.server.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
 from redis.exceptions import RedisError
+
+from mcpfleet.server.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
 
 log = logging.getLogger("mcpfleet.registry")
 

@@ -28,6 +28,8 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
+
 from mcpfleet.server.appload import DEFAULT_APP, install_codec, load_app
 from mcpfleet.server.codec import ReloadableCodec
 from mcpfleet.server.contract import (
@@ -43,7 +45,6 @@ from mcpfleet.server.keydir import read_ring
 from mcpfleet.server.keyring import KeyRing
 from mcpfleet.server.keywatch import KeyRingWatcher
 from mcpfleet.server.registry import Publisher, connect, redact_url
-from starlette.types import ASGIApp
 
 log = logging.getLogger("mcpfleet.replica")
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from starlette.types import Message, Receive, Scope, Send
+
 from mcpfleet.server.contract import (
     DEFAULT_FLEET,
     DRAINING_HEADER,
@@ -43,7 +45,6 @@ from mcpfleet.server.routing import (
     place_session,
     valid_session_id,
 )
-from starlette.types import Message, Receive, Scope, Send
 
 log = logging.getLogger("mcpfleet.router")
 

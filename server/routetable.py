@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
 from mcpfleet.server.contract import Attestation, RedisKeys
 from mcpfleet.server.registry import read_replicas
 from mcpfleet.server.routing import Candidate
-from redis.exceptions import RedisError
 
 log = logging.getLogger("mcpfleet.router")
 

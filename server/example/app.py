@@ -18,8 +18,9 @@ from typing import Annotated, Literal
 
 from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
-from mcpfleet.server.example.flows import Answers, Outcome, Question, ask, first_missing
 from pydantic import BaseModel, Field
+
+from mcpfleet.server.example.flows import Answers, Outcome, Question, ask, first_missing
 
 #: Every replica must use one explicit name: it is also the request-state audience.
 app = FastMCP(

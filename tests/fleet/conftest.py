@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fleetkit.fleet import diagnostics, local_fleet
 
+from fleetkit.fleet import diagnostics, local_fleet
 from mcpfleet.server.devfleet import LocalFleet
 
 _ACTIVE: list[LocalFleet] = []

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleetkit.wire import modern_call
 
+from fleetkit.wire import modern_call
 from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
 from mcpfleet.server.keydir import write_ring, write_volume
 from mcpfleet.server.keyring import KeyRing

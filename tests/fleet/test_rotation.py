@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import accept, modern_call
-
 from mcpfleet.server.demo import connect
 from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
 

@@ -76,8 +76,14 @@ def local_fleet(
 ) -> Iterator[LocalFleet]:
     """A fleet of local processes; torn down (and its ports freed) on exit."""
     require_redis()
-    lf = LocalFleet(workdir, replicas=replicas, routers=routers, fleet=fleet,
-                    replica_args=tuple(replica_args), router_args=tuple(router_args))
+    lf = LocalFleet(
+        workdir,
+        replicas=replicas,
+        routers=routers,
+        fleet=fleet,
+        replica_args=tuple(replica_args),
+        router_args=tuple(router_args),
+    )
     try:
         lf.start()
     except BaseException:

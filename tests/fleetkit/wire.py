@@ -69,7 +69,9 @@ def modern_call(
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
         data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
         text = data[-1] if data else "{}"
-    return Answer(resp.status_code, json.loads(text or "{}"), resp.headers.get("x-mcpfleet-replica"))
+    return Answer(
+        resp.status_code, json.loads(text or "{}"), resp.headers.get("x-mcpfleet-replica")
+    )
 
 
 def accept(value: Any) -> dict[str, Any]:

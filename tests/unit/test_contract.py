@@ -16,8 +16,16 @@ def test_redis_keys_are_scoped_by_fleet() -> None:
 
 
 def test_attestation_round_trips() -> None:
-    att = Attestation(name="r0", address="http://127.0.0.1:1", state="draining",
-                      kids=("aa", "bb"), heartbeat=1.5, sessions=3, inflight=2, started=1.0)
+    att = Attestation(
+        name="r0",
+        address="http://127.0.0.1:1",
+        state="draining",
+        kids=("aa", "bb"),
+        heartbeat=1.5,
+        sessions=3,
+        inflight=2,
+        started=1.0,
+    )
     assert Attestation.from_json(att.to_json()) == att
 
 

@@ -74,9 +74,7 @@ async def test_multi_select_and_form_with_defaults(mode: str) -> None:
         tags = await client.call_tool("tag_document", {"document": "contract.pdf"})
         task = await client.call_tool("create_task", {"project": "infra"})
     assert str(tags.data) == "Tagged contract.pdf with legal, urgent."
-    assert str(task.data) == (
-        "Created normal task 'Demo task' in infra, 1h, assignee notified."
-    )
+    assert str(task.data) == ("Created normal task 'Demo task' in infra, 1h, assignee notified.")
 
 
 @pytest.mark.parametrize("mode", ERAS)

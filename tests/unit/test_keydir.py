@@ -57,7 +57,7 @@ def test_a_reader_never_sees_a_mix_of_versions(tmp_path: Path) -> None:
 def test_read_ring_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(KeyRingError, match="does not exist"):
         read_ring(tmp_path / "missing")
-    with pytest.raises(KeyRingError, match="no keyring.json"):
+    with pytest.raises(KeyRingError, match=r"no keyring\.json"):
         read_ring(tmp_path)
     (tmp_path / KEYRING_FILE).write_text("{not json")
     with pytest.raises(KeyRingError, match="not valid JSON"):

@@ -51,8 +51,14 @@ def test_rotation_steps_move_keys_as_the_protocol_says() -> None:
 
 @pytest.mark.parametrize(
     ("ring_step", "step"),
-    [("stable", "promote"), ("stable", "retire"), ("staged", "stage"), ("promoted", "stage"),
-     ("promoted", "abort"), ("staged", "retire")],
+    [
+        ("stable", "promote"),
+        ("stable", "retire"),
+        ("staged", "stage"),
+        ("promoted", "stage"),
+        ("promoted", "abort"),
+        ("staged", "retire"),
+    ],
 )
 def test_out_of_order_steps_are_refused(ring_step: str, step: str) -> None:
     ring = KeyRing.generate()
