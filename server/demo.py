@@ -8,6 +8,7 @@ handler answers like a decisive user.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +117,8 @@ def connect(
 
     async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
         value = answer(message, params.requested_schema)
+        if inspect.isawaitable(value):  # an answerer may take its time, like a person
+            value = await value
         if response_type is None:
             return value
         props = params.requested_schema.get("properties", {})
