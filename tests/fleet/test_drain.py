@@ -54,13 +54,13 @@ async def test_sigterm_drains_then_exits_after_its_session_finishes(
             lambda: httpx.get(member.url + "/readyz", timeout=1).status_code == 503,
             10,
         )
+        router_ready = lf.url.replace("/mcp", "/readyz")
         await asyncio.to_thread(
             wait_for,
             "the router to see the drain",
-            lambda: lf.attestations()[owner].state == "draining",
+            lambda: httpx.get(router_ready, timeout=1).json()["replicas"][owner] == "draining",
             10,
         )
-        await asyncio.sleep(0.6)  # one router refresh interval for its view to catch up
 
         # New sessions and modern rounds go elsewhere while the session lives on.
         placed: Counter[str] = Counter()
