@@ -10,8 +10,9 @@ import uuid
 from collections.abc import Generator, Iterator
 
 import pytest
-from fleetkit.controlplane import ControlPlane, Helm, require_tools, session_control_plane
 from kubernetes import client as k8s
+
+from fleetkit.controlplane import ControlPlane, Helm, require_tools, session_control_plane
 
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 

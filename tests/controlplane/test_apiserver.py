@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetkit.controlplane import ControlPlane, repo_root, wait_for
 from kubernetes import client as k8s
 
+from fleetkit.controlplane import ControlPlane, pinned_version, wait_for
+
 pytestmark = pytest.mark.controlplane
-
-
-def _pinned(module: str) -> str:
-    """The version hack/tools/go.mod pins for ``module``."""
-    go_mod = (repo_root() / "hack" / "tools" / "go.mod").read_text()
-    match = re.search(rf"^\s+{re.escape(module)} (v\S+)", go_mod, re.MULTILINE)
-    assert match, f"{module} is not pinned in hack/tools/go.mod"
-    return match.group(1)
 
 
 def test_api_server_answers_readyz_and_version(control_plane: ControlPlane) -> None:
@@ -31,7 +23,7 @@ def test_api_server_answers_readyz_and_version(control_plane: ControlPlane) -> N
     version = json.loads(body)
     # The binary was stamped with its real version, which helm's kubeVersion
     # checks and the operator's capability checks depend on.
-    assert version["gitVersion"] == _pinned("k8s.io/kubernetes")
+    assert version["gitVersion"] == pinned_version("k8s.io/kubernetes")
 
 
 def test_control_plane_listens_on_loopback_only(control_plane: ControlPlane) -> None:

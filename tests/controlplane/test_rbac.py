@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from fleetkit.controlplane import ControlPlane, service_account_with_rules
 from kubernetes import client as k8s
+
+from fleetkit.controlplane import ControlPlane, service_account_with_rules
 
 pytestmark = pytest.mark.controlplane
 

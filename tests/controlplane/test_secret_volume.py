@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s
+
 from fleetkit.controlplane import ControlPlane, service_account_with_rules, wait_for
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer, read_snapshot
-from kubernetes import client as k8s
 
 pytestmark = pytest.mark.controlplane
 
@@ -89,10 +90,15 @@ def test_update_reaches_the_directory_within_a_second(
     )
     elapsed = time.monotonic() - started
     assert elapsed < 1.0
-    # A new timestamped directory, and the old one is gone.
+    # A new timestamped directory; the old one goes right after the swap.
     after = os.readlink(syncer.directory / DATA_DIR)
     assert after != before
-    assert not (syncer.directory / before).exists()
+    wait_for(
+        lambda: not (syncer.directory / before).exists(),
+        timeout=1.0,
+        interval=0.005,
+        what="the old timestamped directory to be removed",
+    )
     assert not (syncer.directory / "..data_tmp").exists()
 
 
@@ -102,6 +108,7 @@ def test_readers_never_see_a_mix_of_two_versions(
     updates = 30
     seen: set[str] = set()
     mixed: list[dict[str, bytes]] = []
+    errors: list[BaseException] = []
     snapshots = 0
     done = threading.Event()
 
@@ -110,8 +117,9 @@ def test_readers_never_see_a_mix_of_two_versions(
         while not done.is_set():
             try:
                 snapshot = read_snapshot(syncer.directory)
-            except FileNotFoundError:
-                continue  # the directory we opened was swapped out and removed: retry
+            except RuntimeError as exc:  # no stable read at all: a failure too
+                errors.append(exc)
+                return
             snapshots += 1
             values = set(snapshot.values())
             if set(snapshot) != set(KEYS) or len(values) != 1:
@@ -136,6 +144,7 @@ def test_readers_never_see_a_mix_of_two_versions(
         done.set()
         thread.join(10)
 
+    assert not errors
     assert not mixed, f"{len(mixed)} of {snapshots} snapshots mixed versions: {mixed[:3]}"
     # The test can fail: the reader did overlap with many swaps.
     assert syncer.writes >= updates

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from kubernetes import client as k8s
+
 from fleetkit.controlplane import (
     OPTIONAL_TOOLS,
     ControlPlane,
@@ -10,7 +12,6 @@ from fleetkit.controlplane import (
     require_tools,
     wait_for,
 )
-from kubernetes import client as k8s
 
 pytestmark = pytest.mark.controlplane
 

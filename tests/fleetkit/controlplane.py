@@ -28,6 +28,7 @@ import datetime
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -48,8 +49,8 @@ from fleetkit.certs import CertificateAuthority, key_pem, new_signing_key, publi
 
 T = TypeVar("T")
 
-#: Tools the control-plane tier cannot run without.
-REQUIRED_TOOLS = ("etcd", "kube-apiserver", "helm")
+#: Tools a :class:`ControlPlane` cannot run without.
+REQUIRED_TOOLS = ("etcd", "kube-apiserver")
 #: Tools that add something when present (Deployments that create Pods).
 OPTIONAL_TOOLS = ("kube-controller-manager",)
 
@@ -75,6 +76,15 @@ def tools_bin_dir() -> Path:
     """Where ``hack/tools/build.sh`` put the binaries (``$FLEETKIT_TOOLS_BIN`` overrides)."""
     override = os.environ.get("FLEETKIT_TOOLS_BIN")
     return Path(override) if override else repo_root() / ".cache" / "bin"
+
+
+def pinned_version(module: str) -> str:
+    """The version ``hack/tools/go.mod`` pins for ``module`` (e.g. ``k8s.io/kubernetes``)."""
+    go_mod = (repo_root() / "hack" / "tools" / "go.mod").read_text()
+    match = re.search(rf"^\s+{re.escape(module)} (v\S+)", go_mod, re.MULTILINE)
+    if match is None:
+        raise LookupError(f"{module} is not pinned in hack/tools/go.mod")
+    return match.group(1)
 
 
 def find_tool(name: str, bin_dir: Path | None = None) -> Path | None:
@@ -838,7 +848,7 @@ def _up(args: argparse.Namespace) -> int:
             print(f"already up: {state['server']}\n  export KUBECONFIG={state['admin_kubeconfig']}")
             return 0
         plane.stop()  # a stale or half-dead cluster: clear it and start over
-    missing = missing_tools(REQUIRED_TOOLS[:2])
+    missing = missing_tools(REQUIRED_TOOLS)
     if missing:
         print(f"missing {', '.join(missing)}: run `make tools`", file=sys.stderr)
         return 1

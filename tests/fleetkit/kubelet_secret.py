@@ -108,24 +108,27 @@ def _remove_tree(directory: Path) -> None:
         directory.rmdir()
 
 
-def read_snapshot(target: Path) -> dict[str, bytes]:
-    """Every file of the volume, read through ONE resolution of ``..data``.
+def read_snapshot(target: Path, *, attempts: int = 1000) -> dict[str, bytes]:
+    """Every file of the volume, as ONE version: how a consumer reads it safely.
 
-    This is how a consumer gets a consistent view: open the directory ``..data``
-    points to, then read relative to that handle. If the writer deletes that
-    directory meanwhile, this raises FileNotFoundError (retry); it never mixes
-    two versions.
+    Resolve ``..data``, read every file of that directory, then resolve
+    ``..data`` again: if it still names the same directory, no swap happened
+    during the read (the writer removes a directory only after swapping away
+    from it), so the files are one version. Otherwise, or if a file vanished
+    under us, read again. Bounded: a writer that swaps faster than a read
+    completes, ``attempts`` times in a row, raises RuntimeError.
     """
-    dir_fd = os.open(target / DATA_DIR, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        result = {}
-        for name in os.listdir(dir_fd):
-            fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
-            with os.fdopen(fd, "rb") as f:
-                result[name] = f.read()
-        return result
-    finally:
-        os.close(dir_fd)
+    data_link = target / DATA_DIR
+    for _ in range(attempts):
+        try:
+            before = os.readlink(data_link)
+            directory = target / before
+            result = {p.name: p.read_bytes() for p in directory.iterdir()}
+            if os.readlink(data_link) == before:
+                return result
+        except FileNotFoundError:
+            pass
+    raise RuntimeError(f"{target}: no stable read of {DATA_DIR} in {attempts} attempts")
 
 
 class SecretVolumeSyncer:
@@ -182,16 +185,22 @@ class SecretVolumeSyncer:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop watching: the blocked read is interrupted, the thread joins."""
+        """Stop watching: the blocked read is interrupted, the thread joins.
+
+        ``Watch.stop()`` can only interrupt a read once the watch request has
+        a response; one issued while the request is still in flight is lost.
+        So keep interrupting until the thread is gone (polling, bounded).
+        """
         self._stopping.set()
-        with self._lock:
-            if self._watch is not None:
-                self._watch.stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise RuntimeError(f"{self._thread.name} did not stop within {timeout}s")
-            self._thread = None
+        thread, self._thread = self._thread, None
+        deadline = time.monotonic() + timeout
+        while thread is not None and thread.is_alive():
+            with self._lock:
+                if self._watch is not None:
+                    self._watch.stop()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{thread.name} did not stop within {timeout}s")
+            thread.join(0.05)
 
     def __enter__(self) -> SecretVolumeSyncer:
         return self.start()
@@ -263,6 +272,8 @@ class SecretVolumeSyncer:
                     # The kubelet keeps serving the last content; so do we.
                     log.info("secret %s/%s deleted; keeping files", self.namespace, self.name)
                 self.resource_version = raw["metadata"]["resourceVersion"]
+                if self._stopping.is_set():
+                    return
         finally:
             with self._lock:
                 self._watch = None
