@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,8 +62,6 @@ cluster-up: venv tools
 cluster-down: venv
 	PYTHONPATH=tests $(PY) -m fleetkit.controlplane down
 
-bench: venv deps
-	$(PY) -m tests.bench
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
