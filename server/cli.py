@@ -200,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Per-request client logs would drown the fleet's own; they say nothing new.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "serve":
             from mcpfleet.server.keyring import KeyRingError
