@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from mcpfleet.server.contract import (
     RedisKeys,
 )
 from mcpfleet.server.registry import connect, redact_url
+from mcpfleet.server.routermetrics import RouterMetrics
 from mcpfleet.server.routetable import Health, ReplicaView, SessionTable
 from mcpfleet.server.routing import (
     RouteKind,
@@ -151,6 +153,7 @@ class Router:
         self.redis = connect(config.redis_url)
         self.view = ReplicaView(self.redis, self.keys, self.health)
         self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
+        self.metrics = RouterMetrics()
         self.http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -179,8 +182,14 @@ class Router:
             await asyncio.sleep(self.config.refresh_interval)
             was_degraded = self.health.degraded
             await self.view.refresh()
+            self.metrics.degraded.set(1 if self.health.degraded else 0)
+            self.metrics.observe_view(
+                {n: a.state for n, a in self.view.replicas.items()},
+                {n: a.sessions for n, a in self.view.replicas.items()},
+            )
             if was_degraded and not self.health.degraded:
-                await self.sessions.flush_unsaved()
+                # Redis may have restarted empty: put back what this router knows.
+                await self.sessions.republish()
 
     async def shutdown(self) -> None:
         for task in self._tasks:
@@ -226,76 +235,115 @@ class Router:
             await _respond(send, 200, json.dumps({"status": "alive"}).encode())
             return
         if path == "/readyz":
+            # Degraded (Redis down) is still ready: cached sessions and stateless
+            # traffic keep flowing. Not ready only when no replica serves.
             status = self.status()
-            ok = status["serving"] > 0
-            await _respond(send, 200 if ok else 503, json.dumps(status).encode())
+            await _respond(send, 200 if status["serving"] else 503, json.dumps(status).encode())
             return
+        if path == "/metrics":
+            body = self.metrics.render()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", self.metrics.content_type.encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        started = time.perf_counter()
+        route, outcome = await self._route(scope, receive, send, started)
+        self.metrics.requests.labels(route, outcome).inc()
 
+    async def _route(
+        self, scope: Scope, receive: Receive, send: Send, started: float
+    ) -> tuple[str, str]:
+        """Handle one proxied request; returns (route kind, outcome) for the metrics."""
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         if sum(len(k) + len(v) for k, v in raw_headers) > self.config.max_header_bytes:
             await _respond(send, 431, _error(-32600, "Request headers too large"))
-            return
+            return "invalid", "rejected"
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             await _respond(send, 413, _error(-32600, "Request body too large"))
-            return
+            return "invalid", "rejected"
         try:
             body = await _read_body(receive, self.config.max_body_bytes)
         except _TooLarge:
             await _respond(send, 413, _error(-32600, "Request body too large"))
-            return
+            return "invalid", "rejected"
         except ConnectionResetError:
-            return
+            return "invalid", "disconnected"
 
         method: str = scope["method"]
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
             # Answered here: a replica would open (and leak) a session for it.
             await _respond(send, 400, _error(-32700, "Parse error: the body is not JSON"))
-            return
+            return kind.value, "rejected"
         if kind is RouteKind.STICKY:
-            await self._sticky(scope, receive, send, headers["mcp-session-id"], body)
+            outcome = await self._sticky(
+                scope, receive, send, headers["mcp-session-id"], body, started
+            )
         else:
-            await self._spread(scope, receive, send, kind, body)
+            outcome = await self._spread(scope, receive, send, kind, body, started)
+        return kind.value, outcome
 
     async def _sticky(
-        self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes
-    ) -> None:
+        self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes, started: float
+    ) -> str:
         if not valid_session_id(session):
             await _respond(send, 400, _error(-32600, "Bad Request: malformed Mcp-Session-Id"))
-            return
+            return "rejected"
         owner, source = await self.sessions.lookup(session)
+        self.metrics.lookups.labels(source).inc()
         if owner is None:
             if source == "unknown":
+                # Redis cannot say whether the session exists: a 404 could end a live one.
                 await _respond(
                     send,
                     503,
                     _error(-32000, "Session directory unavailable; retry"),
                     [(b"retry-after", b"1")],
                 )
-            else:
-                await _respond(send, 404, _error(-32600, "Session not found"))
-            return
+                return "unavailable"
+            await _respond(send, 404, _error(-32600, "Session not found"))
+            return "client_error"
         replica = self.view.get(owner)
         if replica is None:
-            # Gone from the registry: dead, or drained and exited.
-            await self.sessions.forget(session)
-            await _respond(send, 404, _error(-32600, "Session not found"))
-            return
-        outcome = await self._forward(scope, receive, send, replica.name, replica.address, body)
+            # Gone from the registry: its heartbeat expired, or it drained and left.
+            return await self._owner_gone(send, session, "deregistered")
+        outcome = await self._forward(
+            scope, receive, send, RouteKind.STICKY, replica.name, replica.address, body, started
+        )
         if outcome == "refused":
             self.view.forget(replica.name)
-            await self.sessions.forget(session)
-            await _respond(send, 404, _error(-32600, "Session not found"))
-        elif outcome == 404 or (
+            return await self._owner_gone(send, session, "refused")
+        if outcome == "draining":
+            # Only a replica that no longer knows the session answers this way.
+            return await self._owner_gone(send, session, "unknown_to_owner")
+        if outcome == 404 or (
             scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300
         ):
             await self.sessions.forget(session)
+        return _outcome(outcome)
+
+    async def _owner_gone(self, send: Send, session: str, reason: str) -> str:
+        await self.sessions.forget(session)
+        self.metrics.owner_gone.labels(reason).inc()
+        await _respond(send, 404, _error(-32600, "Session not found"))
+        return "owner_gone"
 
     async def _spread(
-        self, scope: Scope, receive: Receive, send: Send, kind: RouteKind, body: bytes
-    ) -> None:
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        kind: RouteKind,
+        body: bytes,
+        started: float,
+    ) -> str:
         tried: set[str] = set()
         for _ in range(self.config.attempts):
             candidates = self.view.serving(exclude=tried)
@@ -312,38 +360,33 @@ class Router:
             if kind is RouteKind.INITIALIZE:
                 self.view.placed[choice.name] = self.view.placed.get(choice.name, 0) + 1
             outcome = await self._forward(
-                scope,
-                receive,
-                send,
-                replica.name,
-                replica.address,
-                body,
-                record_session=kind is RouteKind.INITIALIZE,
+                scope, receive, send, kind, replica.name, replica.address, body, started
             )
-            if outcome == "refused":
-                self.view.forget(replica.name)
+            if outcome in ("refused", "draining"):
+                if outcome == "refused":
+                    self.view.forget(replica.name)
+                self.metrics.retries.labels(str(outcome)).inc()
                 continue
-            if outcome == "draining":
-                continue
-            return
+            return _outcome(outcome)
         full = (
             kind is RouteKind.INITIALIZE
             and self.config.session_cap is not None
-            and any(True for _ in self.view.serving())
+            and bool(self.view.serving())
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
         await _respond(send, 503, _error(-32000, message), [(b"retry-after", b"1")])
+        return "no_replica"
 
     async def _forward(
         self,
         scope: Scope,
         receive: Receive,
         send: Send,
+        kind: RouteKind,
         name: str,
         address: str,
         body: bytes,
-        *,
-        record_session: bool = False,
+        started: float,
     ) -> int | str:
         """Proxy one request to ``address``. Returns the status sent, or why nothing was sent:
         ``refused`` (no connection) or ``draining`` (the replica declined before any work)."""
@@ -364,17 +407,17 @@ class Router:
                 return "refused"
             except httpx.HTTPError as exc:
                 log.warning("replica %s failed before answering: %s", name, type(exc).__name__)
-                await _respond(
-                    send, 502, _error(-32603, f"Replica {name} failed: {type(exc).__name__}")
-                )
+                failure = f"Replica {name} failed: {type(exc).__name__}"
+                await _respond(send, 502, _error(-32603, failure))
                 return 502
             try:
                 if upstream.status_code == 503 and upstream.headers.get(DRAINING_HEADER):
                     return "draining"
-                if record_session and upstream.status_code == 200:
+                if kind is RouteKind.INITIALIZE and upstream.status_code == 200:
                     session = upstream.headers.get("mcp-session-id")
                     if session and valid_session_id(session):
                         await self.sessions.record(session, name)
+                self.metrics.latency.labels(kind.value).observe(time.perf_counter() - started)
                 await send(
                     {
                         "type": "http.response.start",
@@ -382,15 +425,19 @@ class Router:
                         "headers": _response_headers(upstream),
                     }
                 )
-                await self._pump(upstream, receive, send)
+                if not await self._pump(upstream, receive, send):
+                    return "disconnected"
                 return upstream.status_code
             finally:
                 await upstream.aclose()
         finally:
             self.view.inflight[name] -= 1
 
-    async def _pump(self, upstream: httpx.Response, receive: Receive, send: Send) -> None:
-        """Copy the upstream body to the client chunk by chunk until either side ends."""
+    async def _pump(self, upstream: httpx.Response, receive: Receive, send: Send) -> bool:
+        """Copy the upstream body to the client chunk by chunk until either side ends.
+
+        Returns False if the client went away first (the upstream is then closed too).
+        """
 
         async def copy() -> None:
             try:
@@ -416,8 +463,15 @@ class Router:
             for task in (copier, watcher):
                 with contextlib.suppress(asyncio.CancelledError, OSError, RuntimeError):
                     await task
-            if copier.done() and not copier.cancelled() and copier.exception() is not None:
-                log.info("stream to client ended: %s", type(copier.exception()).__name__)
+        return copier.done() and not copier.cancelled() and copier.exception() is None
+
+
+def _outcome(result: int | str) -> str:
+    if isinstance(result, str):
+        return result
+    if result < 400:
+        return "ok"
+    return "client_error" if result < 500 else "upstream_error"
 
 
 def run_router(config: RouterConfig) -> None:

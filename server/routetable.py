@@ -175,22 +175,30 @@ class SessionTable:
         except RedisDown as exc:
             self.health.fail(exc)
 
-    async def flush_unsaved(self) -> None:
-        """Write sessions recorded while Redis was down, now that it answers."""
-        if not self._unsaved:
+    async def republish(self) -> None:
+        """Write every cached session back to Redis (only where absent).
+
+        Runs when Redis answers again after an outage: it may have restarted
+        empty, and sessions opened meanwhile were never written. A session
+        never moves, so the cached owner is still right; ``NX`` leaves entries
+        another router wrote alone.
+        """
+        entries = [(s, owner) for s, (owner, _) in self._cache.items()]
+        entries += [(s, owner) for s, owner in self._unsaved.items() if s not in self._cache]
+        if not entries:
             return
-        pending = dict(self._unsaved)
         try:
             pipe = self.client.pipeline(transaction=False)
-            for session, owner in pending.items():
+            for session, owner in entries:
                 pipe.set(self.keys.session(session), owner, px=int(self.ttl * 1000), nx=True)
-            await pipe.execute()
+            written = await pipe.execute()
         except RedisDown as exc:
             self.health.fail(exc)
             return
-        for session in pending:
-            self._unsaved.pop(session, None)
-        log.info("wrote %d session(s) recorded while Redis was down", len(pending))
+        self._unsaved.clear()
+        log.info(
+            "republished %d of %d known session(s) to Redis", sum(map(bool, written)), len(entries)
+        )
 
     async def _touch(self, session: str) -> None:
         try:

@@ -1,0 +1,90 @@
+"""The router's Prometheus metrics: one place for their names, labels and meaning.
+
+Labels are bounded: route kind, outcome, lookup source and replica name (the
+fleet's pods). Never a session id, a user or a key.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+#: Route kinds (mcpfleet.server.routing.RouteKind values) and outcomes.
+OUTCOMES = (
+    "ok",
+    "client_error",
+    "upstream_error",
+    "owner_gone",
+    "no_replica",
+    "unavailable",
+    "rejected",
+    "disconnected",
+)
+
+
+class RouterMetrics:
+    """Metrics of one router process, in their own registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "mcpfleet_router_requests_total",
+            "Requests the router handled, by route kind and outcome.",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.lookups = Counter(
+            "mcpfleet_router_session_lookups_total",
+            "Session owner lookups, by where the answer came from (cache, redis, miss, unknown).",
+            ["source"],
+            registry=r,
+        )
+        self.owner_gone = Counter(
+            "mcpfleet_router_owner_gone_total",
+            "Requests answered 404 because the session's owner left, by how it was noticed.",
+            ["reason"],
+            registry=r,
+        )
+        self.sessions = Gauge(
+            "mcpfleet_router_replica_sessions",
+            "Live sessions per replica, as the replicas attest them.",
+            ["replica"],
+            registry=r,
+        )
+        self.replicas = Gauge(
+            "mcpfleet_router_replicas",
+            "Replicas known to the router, by state.",
+            ["state"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "mcpfleet_router_proxy_seconds",
+            "Time from a request's arrival to the upstream response headers, by route kind.",
+            ["route"],
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )
+        self.degraded = Gauge(
+            "mcpfleet_router_degraded",
+            "1 while Redis is unreachable and the router routes from its caches.",
+            registry=r,
+        )
+        self.retries = Counter(
+            "mcpfleet_router_resends_total",
+            "Requests resent to another replica because none processed them, by reason.",
+            ["reason"],
+            registry=r,
+        )
+
+    def observe_view(self, states: dict[str, str], sessions: dict[str, int]) -> None:
+        self.replicas.labels("serving").set(sum(1 for s in states.values() if s == "serving"))
+        self.replicas.labels("draining").set(sum(1 for s in states.values() if s == "draining"))
+        self.sessions.clear()
+        for name, count in sessions.items():
+            self.sessions.labels(name).set(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
