@@ -92,3 +92,22 @@ def test_admin_creates_crd_and_custom_object(admin_api: k8s.ApiClient, namespace
     with pytest.raises(k8s.ApiException) as refused:
         custom.create_namespaced_custom_object("fleetkit.test", "v1", namespace, "widgets", invalid)
     assert refused.value.status == 422
+
+
+def test_a_second_control_plane_starts_and_stops_without_leftovers(
+    control_plane: ControlPlane,
+) -> None:
+    # Its own ports, PKI and temp dir: independent of the session's plane.
+    other = ControlPlane(bin_dir=control_plane.bin_dir).start()
+    try:
+        assert other.port != control_plane.port
+        assert other.get("/readyz")[0] == 200
+        assert "kube-apiserver (running)" in other.log_tail()
+        processes = [c.process for c in other._components]
+        workdir = other.workdir
+    finally:
+        other.stop()
+    assert workdir is not None and not workdir.exists()
+    assert all(p is not None and p.poll() is not None for p in processes)
+    # The session's plane is untouched.
+    assert control_plane.get("/readyz")[0] == 200
