@@ -103,7 +103,8 @@ def test_a_second_control_plane_starts_and_stops_without_leftovers(
         assert other.port != control_plane.port
         assert other.get("/readyz")[0] == 200
         assert "kube-apiserver (running)" in other.log_tail()
-        processes = [c.process for c in other._components]
+        processes = list(other.processes.values())
+        assert len(processes) == 2  # etcd, kube-apiserver
         workdir = other.workdir
     finally:
         other.stop()

@@ -76,3 +76,46 @@ def test_service_account_kubeconfig_acts_as_the_account(
         api.close()
     assert review.status is not None and review.status.user_info is not None
     assert review.status.user_info.username == f"system:serviceaccount:{namespace}:reader"
+
+
+def test_a_user_certificate_gets_only_its_groups_rights(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, namespace: str
+) -> None:
+    from kubernetes import config
+
+    rbac = k8s.RbacAuthorizationV1Api(admin_api)
+    rbac.create_namespaced_role(
+        namespace,
+        k8s.V1Role(
+            metadata=k8s.V1ObjectMeta(name="configmap-reader"),
+            rules=[
+                k8s.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["get", "list"])
+            ],
+        ),
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        k8s.V1RoleBinding(
+            metadata=k8s.V1ObjectMeta(name="viewers"),
+            role_ref=k8s.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="Role", name="configmap-reader"
+            ),
+            subjects=[
+                k8s.RbacV1Subject(
+                    kind="Group", name="viewers", api_group="rbac.authorization.k8s.io"
+                )
+            ],
+        ),
+    )
+    path = control_plane.kubeconfig_for_user("alice", groups=("viewers",))
+    api = config.new_client_from_config(config_file=str(path))
+    try:
+        core = k8s.CoreV1Api(api)
+        assert core.list_namespaced_config_map(namespace).items is not None
+        with pytest.raises(k8s.ApiException) as refused:
+            core.create_namespaced_config_map(
+                namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="nope"))
+            )
+        assert refused.value.status == 403
+    finally:
+        api.close()

@@ -64,6 +64,10 @@ class ControlPlaneError(RuntimeError):
     """The control plane failed to start or to answer; the message has the log tails."""
 
 
+class _PortTaken(ControlPlaneError):
+    """A component lost the race for a port chosen by :func:`free_port`: pick again."""
+
+
 # --------------------------------------------------------------------------- tools
 
 
@@ -261,6 +265,11 @@ class ControlPlane:
     _clients: list[k8s.ApiClient] = field(default_factory=list)
     _ca: CertificateAuthority | None = None
 
+    @property
+    def processes(self) -> dict[str, subprocess.Popen[bytes] | None]:
+        """The running components' processes by name (None for an adopted one)."""
+        return {c.name: c.process for c in self._components}
+
     # ---- life cycle
 
     def start(self) -> ControlPlane:
@@ -272,8 +281,8 @@ class ControlPlane:
         try:
             self._write_pki()
             deadline = time.monotonic() + self.start_timeout
-            self._start_etcd(deadline)
-            self._start_apiserver(deadline)
+            self._with_port_retry(self._start_etcd, deadline)
+            self._with_port_retry(self._start_apiserver, deadline)
             if self.controller_manager:
                 self._start_controller_manager(deadline)
         except BaseException:
@@ -396,6 +405,19 @@ class ControlPlane:
         self._clients.append(api)
         return api
 
+    def kubeconfig_for_user(self, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig with a client certificate for ``user`` in ``groups``.
+
+        For acting as a person rather than a ServiceAccount (RBAC for users,
+        ``helm install`` as a namespace admin...). Needs the CA: only a plane
+        this process started can issue.
+        """
+        if self._ca is None:
+            raise ControlPlaneError("this control plane was adopted: it has no CA to issue with")
+        stem = f"user-{user.replace(':', '-')}"
+        self._ca.issue_client(user, tuple(groups)).write(self._dir / "pki", stem)
+        return self._kubeconfig_for_cert(stem)
+
     def helm(self, kubeconfig: Path | None = None) -> Helm:
         """The built helm, talking to this API server (as admin unless told otherwise)."""
         binary = find_tool("helm", self.bin_dir)
@@ -450,10 +472,10 @@ class ControlPlane:
         (pki / "sa.key").write_bytes(key_pem(signing))
         (pki / "sa.pub").write_bytes(public_key_pem(signing))
 
-    def _kubeconfig_for_cert(self, stem: str) -> Path:
+    def _kubeconfig_for_cert(self, stem: str, path: Path | None = None) -> Path:
         pki = self._dir / "pki"
         return write_kubeconfig(
-            self._dir / f"{stem}.kubeconfig",
+            path or self._dir / "kubeconfigs" / f"{stem}.kubeconfig",
             server=self.server,
             ca_pem=(pki / "ca.crt").read_bytes(),
             user={
@@ -490,12 +512,25 @@ class ControlPlane:
         self._components.append(component)
         return component
 
+    def _with_port_retry(self, start: Callable[[float], None], deadline: float) -> None:
+        """Run ``start``; if its port was taken between choosing and binding, choose again."""
+        for _ in range(2):
+            try:
+                start(deadline)
+            except _PortTaken:
+                continue
+            return
+        start(deadline)
+
     def _wait(self, component: _Component, ready: Callable[[], bool], deadline: float) -> None:
         def check() -> bool:
             if not component.alive():
-                raise ControlPlaneError(
-                    f"{component.name} exited during start-up\n{tail(component.log_path)}"
-                )
+                log = tail(component.log_path)
+                if "address already in use" in log:
+                    self._components.remove(component)
+                    shutil.rmtree(self._dir / component.name, ignore_errors=True)
+                    raise _PortTaken(f"{component.name}: a port was taken\n{log}")
+                raise ControlPlaneError(f"{component.name} exited during start-up\n{log}")
             try:
                 return ready()
             except OSError:
@@ -521,7 +556,7 @@ class ControlPlane:
             [
                 self._binary("etcd"),
                 "--name=fleetkit",
-                f"--data-dir={self._dir / 'etcd'}",
+                f"--data-dir={self._dir / 'etcd'}",  # = the component name: see _wait
                 f"--listen-client-urls={client_url}",
                 f"--advertise-client-urls={client_url}",
                 f"--listen-peer-urls={peer_url}",
@@ -576,7 +611,7 @@ class ControlPlane:
         if disabled:
             args.append(f"--disable-admission-plugins={','.join(disabled)}")
         apiserver = self._spawn("kube-apiserver", args)
-        self._kubeconfig_for_cert("admin")
+        self._kubeconfig_for_cert("admin", self.admin_kubeconfig)
 
         def ready() -> bool:
             status, _ = self.get("/readyz", timeout=2)
