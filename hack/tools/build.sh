@@ -22,6 +22,10 @@ stamps="$outdir/.stamps"
 mkdir -p "$stamps"
 
 cd "$here"
+if ! command -v go >/dev/null; then
+	echo "build.sh: needs the go command (Go >= $(sed -n 's/^go //p' go.mod))" >&2
+	exit 1
+fi
 # readonly: go.mod and go.sum are complete and committed, so a fresh clone
 # builds without touching them; any drift is an error rather than a silent edit.
 export GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
