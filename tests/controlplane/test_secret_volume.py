@@ -160,3 +160,36 @@ def test_syncer_stops_promptly(
     started = time.monotonic()
     syncer.stop(timeout=2.0)
     assert time.monotonic() - started < 2.0
+
+
+def test_an_expired_resource_version_makes_the_syncer_read_again(
+    control_plane: ControlPlane,
+    admin_api: k8s.ApiClient,
+    namespace: str,
+    keys_secret: str,
+    tmp_path: Path,
+) -> None:
+    api = control_plane.api_client_for_service_account(namespace, "kubelet")
+    syncer = SecretVolumeSyncer(api, namespace, keys_secret, tmp_path / "v")
+    # As if this syncer had been disconnected for a long time: the history
+    # after its resourceVersion is compacted away, so its watch gets 410 Gone.
+    stale = k8s.CoreV1Api(admin_api).read_namespaced_secret(keys_secret, namespace)
+    assert stale.metadata is not None
+    syncer.resource_version = stale.metadata.resource_version
+    _update(admin_api, namespace, 1)
+    control_plane.compact_etcd()
+    _update(admin_api, namespace, 2)
+    syncer.start()
+    try:
+        assert syncer.relists == 1  # the 410 led to a GET, not to a dead syncer
+        assert syncer.last_error is None
+        assert read_snapshot(syncer.directory) == {k: b"generation-2" for k in KEYS}
+        _update(admin_api, namespace, 7)
+        wait_for(
+            lambda: (syncer.directory / "key-0").read_text() == "generation-7",
+            timeout=1.0,
+            interval=0.005,
+            what="an update after the re-read",
+        )
+    finally:
+        syncer.stop()

@@ -166,7 +166,10 @@ class SecretVolumeSyncer:
         self.writes = 0
         #: The last error the loop hit (it retries; tests may assert on it).
         self.last_error: BaseException | None = None
+        #: The resourceVersion the next watch starts from; None means GET first.
         self.resource_version: str | None = None
+        #: How many times the Secret was read with a GET (start, and each 410).
+        self.relists = 0
 
     # ---- life cycle
 
@@ -240,6 +243,7 @@ class SecretVolumeSyncer:
         log.warning("secret syncer %s/%s: %r", self.namespace, self.name, exc)
 
     def _relist(self) -> None:
+        self.relists += 1
         # Raw JSON, the same shape the watch events carry (data is base64).
         response: Any = self._core.read_namespaced_secret(
             self.name, self.namespace, _preload_content=False
