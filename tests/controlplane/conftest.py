@@ -6,13 +6,18 @@ tier's conftest can build the same fixtures.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Generator, Iterator
 
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import ControlPlane, Helm, require_tools, session_control_plane
+from fleetkit.controlplane import (
+    ControlPlane,
+    Helm,
+    require_tools,
+    session_control_plane,
+    temporary_namespace,
+)
 
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 
@@ -37,8 +42,9 @@ def _control_plane_logs_on_failure(request: pytest.FixtureRequest) -> Iterator[N
     """When a test that used the control plane fails, show its components' log tails."""
     yield
     reports = request.node.stash.get(_reports, {})
-    if "control_plane" in request.fixturenames and any(r.failed for r in reports.values()):
-        plane: ControlPlane = request.getfixturevalue("control_plane")
+    # funcargs holds the plane only if it started (a failed start printed its logs).
+    plane = getattr(request.node, "funcargs", {}).get("control_plane")
+    if isinstance(plane, ControlPlane) and any(r.failed for r in reports.values()):
         print("\n===== control plane logs =====")
         plane.print_logs()
 
@@ -51,13 +57,9 @@ def admin_api(control_plane: ControlPlane) -> k8s.ApiClient:
 
 @pytest.fixture
 def namespace(admin_api: k8s.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace for one test, deleted (without waiting) afterwards."""
-    stem = request.node.name.removeprefix("test_").replace("_", "-")[:40].strip("-")
-    name = f"{stem}-{uuid.uuid4().hex[:6]}"
-    core = k8s.CoreV1Api(admin_api)
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
-    yield name
-    core.delete_namespace(name)
+    """A fresh namespace for one test, named after it, deleted afterwards."""
+    with temporary_namespace(admin_api, request.node.name.removeprefix("test_")) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -905,6 +906,24 @@ def session_control_plane(
         yield plane
     finally:
         plane.stop()
+
+
+@contextlib.contextmanager
+def temporary_namespace(api: k8s.ApiClient, stem: str) -> Iterator[str]:
+    """A fresh namespace ``STEM-xxxxxx``, deleted (without waiting) on exit.
+
+    Deletion completes only where kube-controller-manager runs its namespace
+    controller; without it the namespace stays Terminating, which is harmless
+    in a throwaway control plane.
+    """
+    stem = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-") or "test"
+    name = f"{stem}-{uuid.uuid4().hex[:6]}"
+    core = k8s.CoreV1Api(api)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
 
 
 # --------------------------------------------------------------------------- CLI
