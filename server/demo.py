@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,7 +19,7 @@ import httpx2
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
-from mcpfleet.server.contract import REPLICA_HEADER
+from mcpfleet.server.contract import REPLICA_HEADER, SESSION_HEADER
 
 Era = Literal["modern", "handshake"]
 
@@ -31,6 +32,8 @@ class Round:
     rpc: str
     status: int
     replica: str | None
+    session: str | None = None
+    at: float = 0.0
 
 
 @dataclass
@@ -86,8 +89,12 @@ def connect(
     trace: Trace | None = None,
     answer: Answerer = default_answer,
     timeout: float = 30.0,
+    request_hook: Callable[[httpx2.Request], Awaitable[None]] | None = None,
 ) -> Client[Any]:
-    """A FastMCP client for ``url`` in ``era``, recording rounds into ``trace``."""
+    """A FastMCP client for ``url`` in ``era``, recording rounds into ``trace``.
+
+    ``request_hook`` sees (and may rewrite) every outgoing HTTP request.
+    """
     default_timeout = timeout
     trace = trace if trace is not None else Trace()
 
@@ -98,6 +105,9 @@ def connect(
                 rpc=_rpc_method(response.request),
                 status=response.status_code,
                 replica=response.headers.get(REPLICA_HEADER),
+                session=response.request.headers.get(SESSION_HEADER)
+                or response.headers.get(SESSION_HEADER),
+                at=time.monotonic(),
             )
         )
 
@@ -111,7 +121,10 @@ def connect(
             headers=headers,
             auth=auth,
             timeout=timeout or httpx2.Timeout(default_timeout, read=300.0),
-            event_hooks={"response": [on_response]},
+            event_hooks={
+                "request": [request_hook] if request_hook is not None else [],
+                "response": [on_response],
+            },
             **kwargs,
         )
 

@@ -148,6 +148,7 @@ class LocalFleet:
     router_procs: list[Proc] = field(default_factory=list)
     router_ports: list[int] = field(default_factory=list)
     redis: Proc | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def keys_dir(self) -> Path:
@@ -169,6 +170,7 @@ class LocalFleet:
         env = dict(os.environ)
         env["PYTHONSAFEPATH"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         return env
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -211,6 +213,7 @@ class LocalFleet:
             )
 
     def start_redis(self, timeout: float = 30.0) -> None:
+        """Start redis-server (again, on the same port, empty, after stop_redis)."""
         assert self.redis_server is not None
         if not self.redis_port:
             self.redis_port = free_port()

@@ -48,6 +48,9 @@ from mcpfleet.server.registry import Publisher, connect, redact_url
 
 log = logging.getLogger("mcpfleet.replica")
 
+#: Seconds an idle keep-alive connection to a replica stays open.
+REPLICA_KEEPALIVE = 75
+
 
 @dataclass
 class ReplicaConfig:
@@ -225,6 +228,9 @@ def run_replica(config: ReplicaConfig) -> None:
         lifespan="on",
         timeout_graceful_shutdown=2,
         access_log=False,
+        # Longer than the router keeps idle connections (5 s), so the router
+        # always closes first and never sends a request down a closing one.
+        timeout_keep_alive=REPLICA_KEEPALIVE,
     )
     server = _DrainingServer(uv_config, replica)
     # uvicorn re-raises the SIGINT it handled; by then we are done.

@@ -80,7 +80,10 @@ class RouterConfig:
     session_cap: int | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
-    connect_timeout: float = 1.0
+    connect_timeout: float = 3.0
+    #: How long a session's owner may be absent from the registry (a late
+    #: heartbeat) before the router stops trying its last known address.
+    owner_absent_limit: float = 10.0
     attempts: int = 3
 
 
@@ -164,7 +167,11 @@ class Router:
             timeout=httpx.Timeout(
                 connect=self.config.connect_timeout, read=None, write=30.0, pool=10.0
             ),
-            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+            # Idle upstream connections are dropped well before a replica would close
+            # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
+            limits=httpx.Limits(
+                max_connections=2000, max_keepalive_connections=200, keepalive_expiry=5.0
+            ),
             follow_redirects=False,
         )
         await self.view.refresh()
@@ -310,26 +317,36 @@ class Router:
                 return "unavailable"
             await _respond(send, 404, _error(-32600, "Session not found"))
             return "client_error"
-        replica = self.view.get(owner)
-        if replica is None:
-            # Gone from the registry: its heartbeat expired, or it drained and left.
-            return await self._owner_gone(send, session, "deregistered")
+        address = self.view.owner_address(owner, self.config.owner_absent_limit)
+        if address is None:
+            # Known dead, or absent from the registry for long: it left.
+            return await self._owner_gone(send, session, owner, "deregistered")
         outcome = await self._forward(
-            scope, receive, send, RouteKind.STICKY, replica.name, replica.address, body, started
+            scope, receive, send, RouteKind.STICKY, owner, address, body, started
         )
         if outcome == "refused":
-            self.view.forget(replica.name)
-            return await self._owner_gone(send, session, "refused")
+            self.view.forget(owner)
+            return await self._owner_gone(send, session, owner, "refused")
+        if outcome == "timeout":
+            # Overloaded, or unreachable: not proof of death. The client may retry.
+            await _respond(
+                send,
+                503,
+                _error(-32000, "Session owner unavailable; retry"),
+                [(b"retry-after", b"1")],
+            )
+            return "unavailable"
         if outcome == "draining":
             # Only a replica that no longer knows the session answers this way.
-            return await self._owner_gone(send, session, "unknown_to_owner")
+            return await self._owner_gone(send, session, owner, "unknown_to_owner")
         if outcome == 404 or (
             scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300
         ):
             await self.sessions.forget(session)
         return _outcome(outcome)
 
-    async def _owner_gone(self, send: Send, session: str, reason: str) -> str:
+    async def _owner_gone(self, send: Send, session: str, owner: str, reason: str) -> str:
+        log.info("session of %s answered 404: owner %s", owner, reason)
         await self.sessions.forget(session)
         self.metrics.owner_gone.labels(reason).inc()
         await _respond(send, 404, _error(-32600, "Session not found"))
@@ -362,7 +379,7 @@ class Router:
             outcome = await self._forward(
                 scope, receive, send, kind, replica.name, replica.address, body, started
             )
-            if outcome in ("refused", "draining"):
+            if outcome in ("refused", "draining", "timeout"):
                 if outcome == "refused":
                     self.view.forget(replica.name)
                 self.metrics.retries.labels(str(outcome)).inc()
@@ -389,7 +406,8 @@ class Router:
         started: float,
     ) -> int | str:
         """Proxy one request to ``address``. Returns the status sent, or why nothing was sent:
-        ``refused`` (no connection) or ``draining`` (the replica declined before any work)."""
+        ``refused`` (connection refused), ``timeout`` (no connection in time) or
+        ``draining`` (the replica declined before any work)."""
         assert self.http is not None
         url = address + scope["raw_path"].decode("latin-1")
         if scope.get("query_string"):
@@ -403,13 +421,31 @@ class Router:
         try:
             try:
                 upstream = await self.http.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout):
+            except httpx.ConnectTimeout:
+                log.warning(
+                    "replica %s did not accept a connection within %.1fs",
+                    name,
+                    self.config.connect_timeout,
+                )
+                return "timeout"
+            except httpx.ConnectError as exc:
+                log.info(
+                    "replica %s refused the connection: %s (%r)",
+                    name,
+                    exc,
+                    exc.__cause__.__cause__ if exc.__cause__ else None,
+                )
                 return "refused"
             except httpx.HTTPError as exc:
-                log.warning("replica %s failed before answering: %s", name, type(exc).__name__)
-                failure = f"Replica {name} failed: {type(exc).__name__}"
-                await _respond(send, 502, _error(-32603, failure))
-                return 502
+                log.warning(
+                    "replica %s failed before answering: %s: %s", name, type(exc).__name__, exc
+                )
+                # The request may or may not have been processed: never resent. A
+                # session survives this (its owner is alive); the client may retry.
+                failure = f"Replica {name} dropped the connection: {type(exc).__name__}"
+                status = 503 if kind is RouteKind.STICKY else 502
+                await _respond(send, status, _error(-32603, failure), [(b"retry-after", b"1")])
+                return status
             try:
                 if upstream.status_code == 503 and upstream.headers.get(DRAINING_HEADER):
                     return "draining"

@@ -62,36 +62,78 @@ class Health:
 
 @dataclass
 class ReplicaView:
+    """The replicas a router routes to, refreshed from the registry.
+
+    A replica that vanishes from the registry is kept for ``missing_grace``
+    seconds (longer than one heartbeat): a Redis that restarted empty loses
+    every record at once, and the replicas write theirs back within a
+    heartbeat. One whose connection was refused is dropped at once and stays
+    dropped until it heart-beats again.
+    """
+
     client: aioredis.Redis
     keys: RedisKeys
     health: Health
+    missing_grace: float = 2.0
     replicas: dict[str, Attestation] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)
     placed: dict[str, int] = field(default_factory=dict)
     refreshed: float = 0.0
+    _missing: dict[str, float] = field(default_factory=dict)
+    _dead: dict[str, float] = field(default_factory=dict)
+    _last_seen: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     async def refresh(self) -> None:
         try:
-            replicas = await read_replicas(self.client, self.keys)
+            registry = await read_replicas(self.client, self.keys)
         except RedisDown as exc:
             self.health.fail(exc)
             return
         self.health.ok()
-        self.replicas = replicas
+        now = time.monotonic()
+        merged: dict[str, Attestation] = {}
+        for name, att in registry.items():
+            if name in self._dead and att.heartbeat <= self._dead[name]:
+                continue  # the record predates the refused connection
+            self._dead.pop(name, None)
+            merged[name] = att
+            self._last_seen[name] = (att.address, now)
+        for name, att in self.replicas.items():
+            if name in merged or name in self._dead:
+                continue
+            if now - self._missing.setdefault(name, now) < self.missing_grace:
+                merged[name] = att
+        self._missing = {
+            n: t for n, t in self._missing.items() if n in merged and n not in registry
+        }
+        self.replicas = merged
         self.placed.clear()
-        self.refreshed = time.monotonic()
-
-    async def run(self, interval: float) -> None:
-        while True:
-            await self.refresh()
-            await asyncio.sleep(interval)
+        self.refreshed = now
 
     def get(self, name: str) -> Attestation | None:
         return self.replicas.get(name)
 
+    def owner_address(self, name: str, absent_limit: float) -> str | None:
+        """Where a session's owner was last seen, unless it is known dead or long gone.
+
+        An owner missing from the registry for less than ``absent_limit`` seconds
+        may be alive but late with its heartbeat (an overloaded event loop); the
+        router then asks it directly, and a refused connection settles it.
+        """
+        att = self.replicas.get(name)
+        if att is not None:
+            return att.address
+        seen = self._last_seen.get(name)
+        if seen is None or name in self._dead:
+            return None
+        address, at = seen
+        return address if time.monotonic() - at < absent_limit else None
+
     def forget(self, name: str) -> None:
-        """Drop a replica seen dead (refused connection) until the registry says otherwise."""
-        self.replicas.pop(name, None)
+        """Drop a replica seen dead (refused connection) until it heart-beats again."""
+        att = self.replicas.pop(name, None)
+        if att is not None:
+            self._dead[name] = att.heartbeat
 
     def serving(self, exclude: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
         return [

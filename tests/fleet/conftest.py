@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -15,10 +16,8 @@ _ACTIVE: list[LocalFleet] = []
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Three replicas behind one router, shared by a module's scenarios."""
-    with local_fleet(tmp_path_factory.mktemp("fleet")) as lf:
-        _ACTIVE.append(lf)
+    with local_fleet(tmp_path_factory.mktemp("fleet")) as lf, shared(lf):
         yield lf
-        _ACTIVE.remove(lf)
 
 
 @pytest.fixture(autouse=True)
@@ -30,12 +29,20 @@ def _print_diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[No
             print(diagnostics(lf))
 
 
-def track(lf: LocalFleet) -> LocalFleet:
-    """Register a test's own fleet for failure diagnostics."""
+@contextlib.contextmanager
+def shared(lf: LocalFleet) -> Iterator[LocalFleet]:
+    """For a module-scoped fleet: print its diagnostics after any failing test of the module."""
     _ACTIVE.append(lf)
-    return lf
-
-
-def untrack(lf: LocalFleet) -> None:
-    if lf in _ACTIVE:
+    try:
+        yield lf
+    finally:
         _ACTIVE.remove(lf)
+
+
+@contextlib.contextmanager
+def watched(request: pytest.FixtureRequest, lf: LocalFleet) -> Iterator[LocalFleet]:
+    """For a test's own fleet: print its diagnostics if the test failed, before teardown."""
+    yield lf
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(diagnostics(lf))

@@ -16,16 +16,14 @@ from fleetkit.wire import modern_call
 from mcpfleet.server.demo import Trace, connect, default_answer
 from mcpfleet.server.devfleet import LocalFleet, wait_for
 
-from .conftest import track, untrack
+from .conftest import watched
 
 
 @pytest.fixture
-def small_fleet(tmp_path: Path) -> Iterator[LocalFleet]:
+def small_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
     args = ("--drain-timeout", "30", "--drain-quiet", "1")
-    with local_fleet(tmp_path, replica_args=args) as lf:
-        track(lf)
+    with local_fleet(tmp_path, replica_args=args) as lf, watched(request, lf):
         yield lf
-        untrack(lf)
 
 
 async def test_sigterm_drains_then_exits_after_its_session_finishes(

@@ -15,7 +15,7 @@ from fleetkit.wire import accept, modern_call
 from mcpfleet.server.demo import connect
 from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
 
-from .conftest import track, untrack
+from .conftest import shared
 
 STATE_TTL = 4.0
 
@@ -24,10 +24,8 @@ STATE_TTL = 4.0
 def rotating_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """A fleet whose request-state tokens live STATE_TTL seconds, so a rotation is quick."""
     args = ("--state-ttl", str(STATE_TTL))
-    with local_fleet(tmp_path_factory.mktemp("rot"), replica_args=args) as lf:
-        track(lf)
+    with local_fleet(tmp_path_factory.mktemp("rot"), replica_args=args) as lf, shared(lf):
         yield lf
-        untrack(lf)
 
 
 def _first_round(url: str) -> tuple[str, str | None]:

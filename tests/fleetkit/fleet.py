@@ -16,9 +16,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import Attestation, RedisKeys
 from mcpfleet.server.devfleet import LocalFleet
 from mcpfleet.server.keyring import KeyRing
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 class Fleet(Protocol):
@@ -73,16 +78,23 @@ def local_fleet(
     replica_args: Sequence[str] = (),
     router_args: Sequence[str] = (),
     fleet: str = "test",
+    app: str = DEFAULT_APP,
 ) -> Iterator[LocalFleet]:
-    """A fleet of local processes; torn down (and its ports freed) on exit."""
+    """A fleet of local processes; torn down (and its ports freed) on exit.
+
+    ``app`` may also name a test app in ``tests/fleetkit``: tests/ is on the
+    replicas' ``PYTHONPATH``.
+    """
     require_redis()
     lf = LocalFleet(
         workdir,
         replicas=replicas,
         routers=routers,
         fleet=fleet,
+        app=app,
         replica_args=tuple(replica_args),
         router_args=tuple(router_args),
+        extra_env={"PYTHONPATH": str(TESTS_DIR)},
     )
     try:
         lf.start()
