@@ -179,8 +179,7 @@ class LocalFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.redis_server is None:
             raise FleetError("redis-server not found: install it (apt-get install redis-server)")
-        if not (self.keys_dir / "..data").exists():
-            write_ring(self.keys_dir, KeyRing.generate())
+        self.prepare_keys()
         self.start_redis(timeout)
         for i in range(self.replicas):
             self.add_replica(f"replica-{i}", wait=False)
@@ -258,6 +257,18 @@ class LocalFleet:
         except urllib.error.HTTPError as exc:
             return int(json.loads(exc.read())["serving"])
 
+    # --- hooks a backend may override (the control-plane backend feeds each
+    # replica's key directory from a real Secret) ---------------------------------
+
+    def prepare_keys(self) -> None:
+        """Create the fleet's key ring before any replica starts."""
+        if not (self.keys_dir / "..data").exists():
+            write_ring(self.keys_dir, KeyRing.generate())
+
+    def replica_keys_dir(self, name: str) -> Path:
+        """The key ring directory replica ``name`` reads (here: one, shared)."""
+        return self.keys_dir
+
     def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> Replica:
         port = free_port()
         proc = Proc(
@@ -269,7 +280,7 @@ class LocalFleet:
                 "--port",
                 str(port),
                 "--keys",
-                str(self.keys_dir),
+                str(self.replica_keys_dir(name)),
                 "--redis",
                 self.redis_url,
                 "--name",

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fleetkit import scenarios
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.demo import connect
 from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
 
 from .conftest import shared
@@ -49,54 +47,7 @@ def _replay(url: str, token: str) -> dict[str, object] | None:
 async def test_full_rotation_under_load_fails_no_round(rotating_fleet: LocalFleet) -> None:
     lf = rotating_fleet
     old_token, _ = _first_round(lf.url)
-    original = lf.ring().kids
-    stop = asyncio.Event()
-    completed: list[str] = []
-    failures: list[str] = []
-
-    async def worker(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(lf.url, "modern") as client:
-                    while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": f"C{n}"})
-                        if not str(result.data).startswith("Booked"):
-                            failures.append(str(result.data))
-                        completed.append(lf.ring().phase)
-            except Exception as exc:  # any failed round is a failure of the rotation
-                failures.append(f"{type(exc).__name__}: {exc}")
-
-    workers = [asyncio.create_task(worker(n)) for n in range(4)]
-
-    async def progress(flows: int) -> None:
-        """Let ``flows`` more bookings complete under the current ring before moving on."""
-        target = len(completed) + flows
-        deadline = time.monotonic() + 30
-        while len(completed) < target and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert len(completed) >= target, f"flows stalled at {len(completed)}: {failures[:3]}"
-
-    try:
-        wait = asyncio.to_thread
-        await progress(5)
-        staged = await wait(lf.rotate_step, "stage")
-        await wait(lf.wait_attested, staged.kids)
-        await progress(10)
-        promoted = await wait(lf.rotate_step, "promote")
-        await wait(lf.wait_attested, promoted.kids)
-        await progress(10)
-        # Step 5: tokens sealed under the old key expire within one TTL of the last
-        # replica sealing with it; the protocol waits that long, by the clock.
-        await asyncio.sleep(STATE_TTL + 0.5)
-        retired = await wait(lf.rotate_step, "retire")
-        await wait(lf.wait_attested, retired.kids)
-        await progress(20)
-    finally:
-        stop.set()
-        await asyncio.gather(*workers)
-    assert failures == []
-    assert {"staged", "promoted", "stable"} <= set(completed)
-    assert retired.kids == (promoted.kids[0],) and retired.kids[0] not in original
+    await scenarios.rotation_under_load(lf, STATE_TTL)
 
     # A token sealed under the retired key is refused, for that reason.
     error = _replay(lf.url, old_token)
