@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 MODERN = "2026-07-28"
-_META = {
+MODERN_META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
     "io.modelcontextprotocol/clientInfo": {"name": "mcpfleet-tests", "version": "1"},
@@ -45,7 +45,7 @@ def modern_call(
     input_responses: dict[str, Any] | None = None,
     client: httpx.Client | None = None,
 ) -> Answer:
-    params: dict[str, Any] = {"name": tool, "arguments": arguments, "_meta": _META}
+    params: dict[str, Any] = {"name": tool, "arguments": arguments, "_meta": MODERN_META}
     if request_state is not None:
         params["requestState"] = request_state
     if input_responses is not None:
