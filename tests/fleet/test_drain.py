@@ -103,3 +103,121 @@ def test_health_endpoints(small_fleet: LocalFleet) -> None:
         "serving": 3,
         "replicas": {n: "serving" for n in small_fleet.members},
     }
+
+
+async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: LocalFleet) -> None:
+    """30 handshake sessions and a stream of modern rounds while one replica drains."""
+    lf = small_fleet
+    victim = "replica-1"
+    drained = asyncio.Event()
+    stop = asyncio.Event()
+    modern: list[str | None] = []
+    modern_failed: list[str] = []
+    placed_after_drain: list[str] = []
+    owners: list[str] = []
+
+    async def modern_stream() -> None:
+        async with connect(lf.url, "modern") as client:
+            while not stop.is_set():
+                try:
+                    result = await client.call_tool(
+                        "confirm_purchase", {"item": "tea", "amount_eur": 2}
+                    )
+                    assert str(result.data).startswith("Purchased")
+                    modern.append("ok")
+                except Exception as exc:
+                    modern_failed.append(f"{type(exc).__name__}: {exc}")
+
+    async def session(i: int) -> str:
+        await asyncio.sleep(i * 0.1)  # sessions open over three seconds, across the drain
+        trace = Trace()
+
+        async def thinker(message: str, schema: dict[str, Any]) -> Any:
+            await asyncio.sleep(0.5)  # a person answering
+            return default_answer(message, schema)
+
+        opened_after = drained.is_set()
+        async with connect(lf.url, "handshake", trace, answer=thinker) as client:
+            result = await client.call_tool("plan_meeting", {"topic": f"T{i}"})
+        (owner,) = trace.replicas()
+        owners.append(owner)
+        if opened_after:
+            placed_after_drain.append(owner)
+        return str(result.data)
+
+    load = asyncio.create_task(modern_stream())
+    sessions = [asyncio.create_task(session(i)) for i in range(30)]
+    await asyncio.to_thread(
+        wait_for, f"sessions on {victim}", lambda: lf.attestations()[victim].sessions >= 2, 20
+    )
+    lf.drain(victim)
+    router_ready = lf.url.replace("/mcp", "/readyz")
+    await asyncio.to_thread(
+        wait_for,
+        "the router to see the drain",
+        lambda: httpx.get(router_ready, timeout=1).json()["replicas"].get(victim) != "serving",
+        10,
+    )
+    drained.set()
+    results = await asyncio.wait_for(asyncio.gather(*sessions), 120)
+    stop.set()
+    await load
+    assert all(r.startswith("Planned 'T") for r in results), results
+    assert modern_failed == []
+    assert len(modern) > 10
+    assert placed_after_drain and victim not in placed_after_drain
+    assert victim in owners, "sessions pinned to the draining replica finished on it"
+    code = await asyncio.to_thread(lf.members[victim].proc.wait, 30)
+    assert code == 0
+
+
+@pytest.mark.timeout(240)
+async def test_rolling_restart_of_every_replica_under_load_loses_no_session(
+    small_fleet: LocalFleet,
+) -> None:
+    """Surge one new replica, drain one old, three times over, with traffic all along."""
+    lf = small_fleet
+    stop = asyncio.Event()
+    done: list[str] = []
+    failed: list[str] = []
+
+    async def handshake_user(n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(lf.url, "handshake") as client:
+                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
+                done.append(str(result.data))
+            except Exception as exc:
+                failed.append(f"handshake {type(exc).__name__}: {exc}")
+
+    async def modern_user() -> None:
+        async with connect(lf.url, "modern") as client:
+            while not stop.is_set():
+                try:
+                    await client.call_tool("book_flight", {"destination": "Kyiv"})
+                    done.append("modern")
+                except Exception as exc:
+                    failed.append(f"modern {type(exc).__name__}: {exc}")
+
+    users = [asyncio.create_task(handshake_user(n)) for n in range(6)]
+    users.append(asyncio.create_task(modern_user()))
+    old = sorted(lf.members)
+    try:
+        for i, name in enumerate(old):
+            before = len(done)
+            await asyncio.to_thread(lf.add_replica, f"replica-{len(old) + i}")
+            lf.drain(name)
+            code = await asyncio.to_thread(lf.members[name].proc.wait, 60)
+            assert code == 0, lf.members[name].proc.tail()
+            await asyncio.to_thread(
+                wait_for,
+                "traffic to go on after the restart",
+                lambda b=before: len(done) > b + 5,
+                30,
+            )
+    finally:
+        stop.set()
+        await asyncio.gather(*users)
+    assert failed == []
+    assert sum(1 for d in done if d.startswith("Planned")) >= 18
+    assert set(lf.replica_names()) == {f"replica-{n}" for n in range(3, 6)}
