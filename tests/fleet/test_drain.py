@@ -106,7 +106,11 @@ def test_health_endpoints(small_fleet: LocalFleet) -> None:
 
 
 async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: LocalFleet) -> None:
-    """30 handshake sessions and a stream of modern rounds while one replica drains."""
+    """30 handshake sessions and a stream of modern rounds while one replica drains.
+
+    Fifteen sessions open before the drain (some land on the victim and must
+    finish there), fifteen after it (none may land on the victim).
+    """
     lf = small_fleet
     victim = "replica-1"
     drained = asyncio.Event()
@@ -129,7 +133,8 @@ async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: Local
                     modern_failed.append(f"{type(exc).__name__}: {exc}")
 
     async def session(i: int) -> str:
-        await asyncio.sleep(i * 0.1)  # sessions open over three seconds, across the drain
+        if i >= 15:
+            await drained.wait()  # the second half opens once the drain is under way
         trace = Trace()
 
         async def thinker(message: str, schema: dict[str, Any]) -> Any:
