@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck cluster-up cluster-down clean
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ test-fleet: venv deps
 
 test-controlplane: venv deps tools
 	$(PY) -m pytest tests -m controlplane
+
+# Speed and memory, measured side by side (router vs direct vs nginx); prints a table.
+bench: venv deps
+	bash hack/ensure-debs.sh nginx
+	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
 
 cluster-up: venv tools
 	PYTHONPATH=tests $(PY) -m fleetkit.controlplane up

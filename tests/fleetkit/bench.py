@@ -1,0 +1,354 @@
+"""``make bench``: mcpfleet's speed and memory, measured side by side in one run.
+
+Prints one table. Every figure comes from this run on this machine; targets are
+ratios (router vs direct, router vs nginx), never absolute times, and nothing
+here asserts: a benchmark reports, tests prove behaviour.
+
+    PYTHONPATH=tests .venv/bin/python -m fleetkit.bench [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from fleetkit.wire import MODERN, MODERN_META
+from mcpfleet.server.codec import ReloadableCodec
+from mcpfleet.server.demo import connect
+from mcpfleet.server.devfleet import LocalFleet, free_port, wait_for
+from mcpfleet.server.keyring import KeyRing
+
+HEADERS = {
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": MODERN,
+    "mcp-method": "tools/call",
+    "mcp-name": "confirm_purchase",
+}
+BODY = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "confirm_purchase",
+            "arguments": {"item": "tea", "amount_eur": 2},
+            "_meta": MODERN_META,
+        },
+    }
+)
+
+Row = tuple[str, str, str, str]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def latency(url: str, n: int) -> list[float]:
+    """Sequential modern rounds (each sealed by a replica): seconds per round."""
+    out = []
+    async with httpx.AsyncClient(timeout=10) as http:
+        for _ in range(10):  # warm-up: connections, caches
+            await http.post(url, content=BODY, headers=HEADERS)
+        for _ in range(n):
+            t = time.perf_counter()
+            resp = await http.post(url, content=BODY, headers=HEADERS)
+            out.append(time.perf_counter() - t)
+            assert resp.status_code == 200, resp.text
+    return out
+
+
+async def throughput(url: str, concurrency: int, seconds: float) -> float:
+    """Modern rounds per second with ``concurrency`` clients for ``seconds``."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        async with httpx.AsyncClient(timeout=10) as http:
+            while time.perf_counter() < deadline:
+                resp = await http.post(url, content=BODY, headers=HEADERS)
+                if resp.status_code == 200:
+                    done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+async def handshake_round_trips(url: str, n: int) -> list[float]:
+    """Whole handshake-era flows: connect, one elicitation, result, close."""
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        async with connect(url, "handshake") as client:
+            await client.call_tool("confirm_purchase", {"item": "tea", "amount_eur": 2})
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def codec_cost(n: int) -> tuple[float, float]:
+    """Microseconds per seal+unseal: mcpfleet's reloadable codec vs mcp's own."""
+    from mcp.server.request_state import AESGCMRequestStateCodec
+
+    ring = KeyRing.generate().stage().promote()
+    payload = b'{"v":1,"s":"' + b"x" * 300 + b'"}'
+    ours, theirs = ReloadableCodec(ring), AESGCMRequestStateCodec(ring.secrets)
+
+    def run(codec: ReloadableCodec | AESGCMRequestStateCodec) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            codec.unseal(codec.seal(payload))
+        return (time.perf_counter() - t) / n * 1e6
+
+    run(ours), run(theirs)  # warm-up
+    return run(ours), run(theirs)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def start_nginx(workdir: Path, upstreams: list[str]) -> tuple[subprocess.Popen[bytes], int] | None:
+    """nginx as a plain round-robin reverse proxy over the same replicas, if installed."""
+    nginx = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+    if nginx is None:
+        return None
+    port = free_port()
+    servers = "\n".join(f"    server {u.removeprefix('http://')};" for u in upstreams)
+    conf = workdir / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
+  fastcgi_temp_path {workdir}/fcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
+  upstream replicas {{
+{servers}
+    keepalive 64;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://replicas;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(
+        [nginx, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for("nginx", lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200, 15)
+    return proc, port
+
+
+async def death_to_404(lf: LocalFleet) -> float:
+    """Seconds from SIGKILL of a session's owner to the router's 404 for that session."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
+    async with httpx.AsyncClient(timeout=10) as http:
+        init = await http.post(
+            lf.url,
+            headers={**HEADERS, "mcp-protocol-version": "2025-11-25"},
+            content=json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "bench", "version": "1"},
+                    },
+                }
+            ),
+        )
+        session = init.headers["mcp-session-id"]
+        owner = init.headers["x-mcpfleet-replica"]
+        killed = time.perf_counter()
+        lf.members[owner].proc.signal(signal.SIGKILL)
+        while True:
+            resp = await http.post(
+                lf.url,
+                content=body,
+                headers={
+                    "content-type": "application/json",
+                    "accept": "application/json, text/event-stream",
+                    "mcp-session-id": session,
+                },
+            )
+            if resp.status_code == 404:
+                return time.perf_counter() - killed
+
+
+def rotation_convergence(lf: LocalFleet) -> float:
+    """Seconds from writing one ring step until every replica attests it."""
+    t = time.perf_counter()
+    ring = lf.rotate_step("stage")
+    lf.wait_attested(ring.kids, timeout=30)
+    return time.perf_counter() - t
+
+
+async def measure(quick: bool) -> list[Row]:
+    n = 150 if quick else 600
+    secs = 3.0 if quick else 8.0
+    rows: list[Row] = []
+    work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-"))
+    lf = LocalFleet(work, replicas=3, fleet="bench")
+    lf.start()
+    nginx = None
+    try:
+        direct = f"{lf.members['replica-0'].url}/mcp"
+        proxies: dict[str, str] = {"direct to one replica": direct, "mcpfleet router": lf.url}
+        nginx = start_nginx(work, [m.url for m in lf.members.values()])
+        if nginx is not None:
+            proxies["nginx (round robin)"] = f"http://127.0.0.1:{nginx[1]}/mcp"
+        lat = {name: await latency(url, n) for name, url in proxies.items()}
+        thr = {name: await throughput(url, 16, secs) for name, url in proxies.items()}
+        base = lat["direct to one replica"]
+        for name in proxies:
+            p50, p99 = pct(lat[name], 0.5) * 1e3, pct(lat[name], 0.99) * 1e3
+            rows.append(
+                (
+                    f"modern round latency, {name}",
+                    f"p50 {p50:.2f} ms / p99 {p99:.2f} ms",
+                    f"p50 x{p50 / (pct(base, 0.5) * 1e3):.2f} of direct",
+                    f"n={n}",
+                )
+            )
+        for name in proxies:
+            rows.append(
+                (
+                    f"modern rounds/s, 16 clients, {name}",
+                    f"{thr[name]:.0f}/s",
+                    f"x{thr[name] / thr['direct to one replica']:.2f} of direct",
+                    f"{secs:.0f} s",
+                )
+            )
+        if nginx is not None:
+            vs_nginx = pct(lat["mcpfleet router"], 0.5) / pct(lat["nginx (round robin)"], 0.5)
+            rows.append(
+                (
+                    "router p50 latency vs nginx",
+                    "",
+                    f"x{vs_nginx:.2f}",
+                    "same replicas",
+                )
+            )
+        hs_direct = await handshake_round_trips(direct, 20 if quick else 60)
+        hs_router = await handshake_round_trips(lf.url, 20 if quick else 60)
+        hs_ratio = statistics.median(hs_router) / statistics.median(hs_direct)
+        rows.append(
+            (
+                "handshake flow (1 elicitation), direct",
+                f"p50 {statistics.median(hs_direct) * 1e3:.1f} ms",
+                "",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "handshake flow (1 elicitation), router",
+                f"p50 {statistics.median(hs_router) * 1e3:.1f} ms",
+                f"x{hs_ratio:.2f} of direct",
+                "",
+            )
+        )
+        per_replica = thr["mcpfleet router"] / 3
+        rows.append(
+            (
+                "modern rounds/s per replica (via router)",
+                f"{per_replica:.0f}/s",
+                "",
+                "3 replicas, 2 cores shared",
+            )
+        )
+        ours, theirs = codec_cost(2000 if quick else 20000)
+        rows.append(
+            (
+                "seal+unseal, mcpfleet reloadable codec",
+                f"{ours:.1f} us",
+                f"x{ours / theirs:.2f} of mcp's codec",
+                "300-byte state",
+            )
+        )
+        rows.append(
+            (
+                "rotation step convergence (3 replicas)",
+                f"{rotation_convergence(lf) * 1e3:.0f} ms",
+                "",
+                "write -> all attest",
+            )
+        )
+        router_pid = lf.router_procs[0].popen.pid if lf.router_procs[0].popen else 0
+        replica_pid = lf.members["replica-1"].proc.popen.pid  # type: ignore[union-attr]
+        rows.append(
+            (
+                "RSS router / replica after load",
+                f"{rss_mib(router_pid):.0f} / {rss_mib(replica_pid):.0f} MiB",
+                f"x{rss_mib(router_pid) / rss_mib(replica_pid):.2f}",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "owner death -> first 404",
+                f"{await death_to_404(lf) * 1e3:.0f} ms",
+                "",
+                "target < 2000 ms",
+            )
+        )
+    finally:
+        if nginx is not None:
+            nginx[0].terminate()
+            nginx[0].wait(10)
+        lf.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    head: Row = ("measure", "value", "ratio", "note")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+    line = "+".join("-" * (w + 2) for w in widths)
+    out = [" | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)), line]
+    out += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
+    rows = asyncio.run(measure(args.quick))
+    print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(render(rows))
+
+
+if __name__ == "__main__":
+    main()
