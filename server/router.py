@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
 from mcpfleet.server.contract import (
@@ -117,11 +117,11 @@ def _forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return out
 
 
-def _response_headers(resp: httpx.Response) -> list[tuple[bytes, bytes]]:
+def _response_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
     connection_listed = {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
     return [
         (k, v)
-        for k, v in resp.headers.raw
+        for k, v in resp.raw_headers
         if k.decode("latin-1").lower() not in HOP_BY_HOP | connection_listed
     ]
 
@@ -157,22 +157,22 @@ class Router:
         self.view = ReplicaView(self.redis, self.keys, self.health)
         self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
         self.metrics = RouterMetrics()
-        self.http: httpx.AsyncClient | None = None
+        self.http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def startup(self) -> None:
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                connect=self.config.connect_timeout, read=None, write=30.0, pool=10.0
-            ),
-            # Idle upstream connections are dropped well before a replica would close
-            # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
-            limits=httpx.Limits(
-                max_connections=2000, max_keepalive_connections=200, keepalive_expiry=5.0
-            ),
-            follow_redirects=False,
+        # Idle upstream connections are dropped well before a replica would close
+        # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
+        connector = aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=5.0)
+        self.http = aiohttp.ClientSession(
+            connector=connector,
+            # Only connecting is bounded: streams may stay open for as long as they live.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
         )
         await self.view.refresh()
         log.info(
@@ -203,7 +203,7 @@ class Router:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.http is not None:
-            await self.http.aclose()
+            await self.http.close()
         await self.redis.aclose()
 
     # --- ASGI ------------------------------------------------------------------------
@@ -416,27 +416,27 @@ class Router:
         client = scope.get("client")
         if client:
             headers.append(("x-forwarded-for", client[0]))
-        request = self.http.build_request(scope["method"], url, headers=headers, content=body)
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
             try:
-                upstream = await self.http.send(request, stream=True)
-            except httpx.ConnectTimeout:
+                upstream = await self.http.request(
+                    scope["method"],
+                    url,
+                    headers=headers,
+                    data=body or None,
+                    allow_redirects=False,
+                )
+            except TimeoutError:
                 log.warning(
                     "replica %s did not accept a connection within %.1fs",
                     name,
                     self.config.connect_timeout,
                 )
                 return "timeout"
-            except httpx.ConnectError as exc:
-                log.info(
-                    "replica %s refused the connection: %s (%r)",
-                    name,
-                    exc,
-                    exc.__cause__.__cause__ if exc.__cause__ else None,
-                )
+            except aiohttp.ClientConnectorError as exc:
+                log.info("replica %s refused the connection: %s", name, exc.os_error)
                 return "refused"
-            except httpx.HTTPError as exc:
+            except aiohttp.ClientError as exc:
                 log.warning(
                     "replica %s failed before answering: %s: %s", name, type(exc).__name__, exc
                 )
@@ -446,10 +446,13 @@ class Router:
                 status = 503 if kind is RouteKind.STICKY else 502
                 await _respond(send, status, _error(-32603, failure), [(b"retry-after", b"1")])
                 return status
+            complete = False
             try:
-                if upstream.status_code == 503 and upstream.headers.get(DRAINING_HEADER):
+                if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
+                    await upstream.read()
+                    complete = True
                     return "draining"
-                if kind is RouteKind.INITIALIZE and upstream.status_code == 200:
+                if kind is RouteKind.INITIALIZE and upstream.status == 200:
                     session = upstream.headers.get("mcp-session-id")
                     if session and valid_session_id(session):
                         await self.sessions.record(session, name)
@@ -457,19 +460,21 @@ class Router:
                 await send(
                     {
                         "type": "http.response.start",
-                        "status": upstream.status_code,
+                        "status": upstream.status,
                         "headers": _response_headers(upstream),
                     }
                 )
-                if not await self._pump(upstream, receive, send):
-                    return "disconnected"
-                return upstream.status_code
+                complete = await self._pump(upstream, receive, send)
+                return upstream.status if complete else "disconnected"
             finally:
-                await upstream.aclose()
+                if complete:
+                    upstream.release()  # back to the pool
+                else:
+                    upstream.close()  # tear the upstream request down
         finally:
             self.view.inflight[name] -= 1
 
-    async def _pump(self, upstream: httpx.Response, receive: Receive, send: Send) -> bool:
+    async def _pump(self, upstream: aiohttp.ClientResponse, receive: Receive, send: Send) -> bool:
         """Copy the upstream body to the client chunk by chunk until either side ends.
 
         Returns False if the client went away first (the upstream is then closed too).
@@ -477,9 +482,9 @@ class Router:
 
         async def copy() -> None:
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.content.iter_any():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 log.info("upstream stream ended early: %s", type(exc).__name__)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
