@@ -375,7 +375,7 @@ class Router:
             if replica is None:
                 continue
             if kind is RouteKind.INITIALIZE:
-                self.view.placed[choice.name] = self.view.placed.get(choice.name, 0) + 1
+                self.view.note_placement(choice.name)
             outcome = await self._forward(
                 scope, receive, send, kind, replica.name, replica.address, body, started
             )

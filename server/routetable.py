@@ -77,7 +77,9 @@ class ReplicaView:
     missing_grace: float = 2.0
     replicas: dict[str, Attestation] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)
-    placed: dict[str, int] = field(default_factory=dict)
+    #: Wall-clock times of sessions this router placed, per replica, until an
+    #: attestation newer than the placement counts them.
+    placed: dict[str, list[float]] = field(default_factory=dict)
     refreshed: float = 0.0
     _missing: dict[str, float] = field(default_factory=dict)
     _dead: dict[str, float] = field(default_factory=dict)
@@ -107,8 +109,18 @@ class ReplicaView:
             n: t for n, t in self._missing.items() if n in merged and n not in registry
         }
         self.replicas = merged
-        self.placed.clear()
+        for name, times in list(self.placed.items()):
+            current = merged.get(name)
+            fresh = [t for t in times if current is not None and t >= current.heartbeat]
+            if fresh:
+                self.placed[name] = fresh
+            else:
+                del self.placed[name]
         self.refreshed = now
+
+    def note_placement(self, name: str) -> None:
+        """Count a session placed on ``name`` until its attestation includes it."""
+        self.placed.setdefault(name, []).append(time.time())
 
     def get(self, name: str) -> Attestation | None:
         return self.replicas.get(name)
@@ -139,7 +151,7 @@ class ReplicaView:
         return [
             Candidate(
                 name=a.name,
-                sessions=a.sessions + self.placed.get(a.name, 0),
+                sessions=a.sessions + len(self.placed.get(a.name, ())),
                 inflight=self.inflight.get(a.name, 0),
             )
             for a in self.replicas.values()

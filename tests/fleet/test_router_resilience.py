@@ -95,6 +95,9 @@ async def test_owner_killed_mid_elicitation_gives_404_fast_then_a_new_session_co
         result = await again.call_tool("plan_meeting", {"topic": "Doomed"})
     assert str(result.data).startswith("Planned 'Doomed'")
     assert owner not in retry.replicas() and len(retry.replicas()) == 1
+    metrics = httpx.get(lf.url.replace("/mcp", "/metrics"), timeout=2).text
+    assert 'mcpfleet_router_owner_gone_total{reason="refused"}' in metrics
+    assert 'mcpfleet_router_requests_total{outcome="owner_gone",route="sticky"}' in metrics
     print(f"owner death to first 404: {first_404 * 1000:.0f} ms")
 
 
@@ -297,3 +300,31 @@ def test_unknown_protocol_version_is_answered_and_nothing_else_is_disturbed(
     assert "error" in resp.json()
     answer = modern_call(lf.url, "confirm_purchase", {"item": "pen", "amount_eur": 2})
     assert answer.status == 200
+
+
+def test_session_cap_turns_new_sessions_away_with_retry_after(tmp_path: Path) -> None:
+    init = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "cap", "version": "1"},
+            },
+        }
+    )
+    with local_fleet(tmp_path, replicas=2, router_args=("--session-cap", "2")) as lf:
+        owners = []
+        for _ in range(4):
+            resp = httpx.post(lf.url, content=init, headers=HEADERS, timeout=5)
+            assert resp.status_code == 200
+            owners.append(resp.headers["x-mcpfleet-replica"])
+        assert sorted(owners) == ["replica-0", "replica-0", "replica-1", "replica-1"]
+        full = httpx.post(lf.url, content=init, headers=HEADERS, timeout=5)
+        assert full.status_code == 503
+        assert full.headers["retry-after"] == "1"
+        assert full.json()["error"]["message"] == "All replicas are at their session cap"
+        # Stateless traffic is not capped.
+        assert modern_call(lf.url, "confirm_purchase", {"item": "a", "amount_eur": 1}).status == 200

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -93,3 +94,17 @@ async def test_a_refused_replica_stays_dropped_until_it_heartbeats_again(view: V
     registry["value"] = {"a": _att("a", 7, "draining"), "b": _att("b", 7)}
     await v.refresh()
     assert [c.name for c in v.serving()] == ["b"]
+
+
+async def test_placements_count_until_an_attestation_includes_them(view: View) -> None:
+    v, registry, _ = view
+    registry["value"] = {"a": _att("a", 1), "b": _att("b", 1)}
+    await v.refresh()
+    v.note_placement("a")
+    v.note_placement("a")
+    await v.refresh()  # the attestations predate the placements: still counted
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 2, "b": 0}
+    later = time.time() + 1
+    registry["value"] = {"a": _att("a", later), "b": _att("b", later)}
+    await v.refresh()
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 0, "b": 0}
