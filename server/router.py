@@ -103,6 +103,11 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
+async def _retry_later(send: Send, status: int, code: int, message: str) -> None:
+    """A JSON-RPC error the client may retry in a second (503 or 502 with Retry-After)."""
+    await _respond(send, status, _error(code, message), [(b"retry-after", b"1")])
+
+
 def _forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     connection_listed: set[str] = set()
     for k, v in raw:
@@ -308,12 +313,7 @@ class Router:
         if owner is None:
             if source == "unknown":
                 # Redis cannot say whether the session exists: a 404 could end a live one.
-                await _respond(
-                    send,
-                    503,
-                    _error(-32000, "Session directory unavailable; retry"),
-                    [(b"retry-after", b"1")],
-                )
+                await _retry_later(send, 503, -32000, "Session directory unavailable; retry")
                 return "unavailable"
             await _respond(send, 404, _error(-32600, "Session not found"))
             return "client_error"
@@ -329,12 +329,7 @@ class Router:
             return await self._owner_gone(send, session, owner, "refused")
         if outcome == "timeout":
             # Overloaded, or unreachable: not proof of death. The client may retry.
-            await _respond(
-                send,
-                503,
-                _error(-32000, "Session owner unavailable; retry"),
-                [(b"retry-after", b"1")],
-            )
+            await _retry_later(send, 503, -32000, "Session owner unavailable; retry")
             return "unavailable"
         if outcome == "draining":
             # Only a replica that no longer knows the session answers this way.
@@ -391,7 +386,7 @@ class Router:
             and bool(self.view.serving())
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
-        await _respond(send, 503, _error(-32000, message), [(b"retry-after", b"1")])
+        await _retry_later(send, 503, -32000, message)
         return "no_replica"
 
     async def _forward(
@@ -444,7 +439,7 @@ class Router:
                 # session survives this (its owner is alive); the client may retry.
                 failure = f"Replica {name} dropped the connection: {type(exc).__name__}"
                 status = 503 if kind is RouteKind.STICKY else 502
-                await _respond(send, status, _error(-32603, failure), [(b"retry-after", b"1")])
+                await _retry_later(send, status, -32603, failure)
                 return status
             complete = False
             try:
