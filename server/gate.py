@@ -41,8 +41,16 @@ class GateState:
     session_idle: float = 1800.0
 
     def live_sessions(self, now: float | None = None) -> int:
+        """Sessions active within the idle timeout; older ones are forgotten here.
+
+        The framework closes a session idle that long, so it is gone either way;
+        forgetting it keeps this table bounded by the live sessions.
+        """
         now = time.monotonic() if now is None else now
-        return sum(1 for seen in self.sessions.values() if now - seen < self.session_idle)
+        stale = [s for s, seen in self.sessions.items() if now - seen >= self.session_idle]
+        for session in stale:
+            del self.sessions[session]
+        return len(self.sessions)
 
     def quiet_for(self, seconds: float, now: float | None = None) -> bool:
         """No request in flight and no session active within ``seconds``."""

@@ -1,0 +1,61 @@
+"""The replica gate, in process: header, health, session bookkeeping and drain."""
+
+from __future__ import annotations
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from mcpfleet.server.gate import GateState, ReplicaGate
+
+
+async def fake_mcp(scope: Scope, receive: Receive, send: Send) -> None:
+    """Opens a session on a sessionless POST, answers 200 otherwise."""
+    headers = dict(scope["headers"])
+    extra = []
+    if scope["method"] == "POST" and b"mcp-session-id" not in headers:
+        extra.append((b"mcp-session-id", b"s-new"))
+    await send({"type": "http.response.start", "status": 200, "headers": extra})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def client(state: GateState) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=ReplicaGate(fake_mcp, state))
+    return httpx.AsyncClient(transport=transport, base_url="http://replica")
+
+
+async def test_every_response_names_the_replica_and_sessions_are_learned() -> None:
+    state = GateState(name="r7")
+    async with client(state) as http:
+        opened = await http.post("/mcp", content=b"{}")
+        assert opened.headers["x-mcpfleet-replica"] == "r7"
+        assert set(state.sessions) == {"s-new"}
+        assert state.inflight == 0
+        await http.delete("/mcp", headers={"mcp-session-id": "s-new"})
+    assert state.sessions == {}
+
+
+async def test_draining_refuses_new_work_but_serves_owned_sessions() -> None:
+    state = GateState(name="r1")
+    async with client(state) as http:
+        await http.post("/mcp", content=b"{}")
+        state.draining = True
+        ready = await http.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        assert (await http.get("/healthz")).status_code == 200
+        new = await http.post("/mcp", content=b"{}")
+        assert new.status_code == 503
+        assert new.headers["x-mcpfleet-draining"] == "1" and new.headers["retry-after"] == "1"
+        stranger = await http.post("/mcp", content=b"{}", headers={"mcp-session-id": "other"})
+        assert stranger.status_code == 503
+        owned = await http.post("/mcp", content=b"{}", headers={"mcp-session-id": "s-new"})
+        assert owned.status_code == 200
+
+
+def test_idle_sessions_are_forgotten_and_quiet_means_nothing_in_flight() -> None:
+    state = GateState(name="r", session_idle=10)
+    state.sessions = {"old": 0.0, "fresh": 95.0}
+    assert state.live_sessions(now=100.0) == 1 and set(state.sessions) == {"fresh"}
+    assert state.quiet_for(2, now=100.0)
+    assert not state.quiet_for(6, now=100.0)
+    state.inflight = 1
+    assert not state.quiet_for(2, now=100.0)
