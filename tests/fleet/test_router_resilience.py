@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from fleetkit.fleet import local_fleet
-from fleetkit.wire import modern_call
+from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.server.contract import RedisKeys
 from mcpfleet.server.demo import Trace, connect, default_answer
 from mcpfleet.server.devfleet import LocalFleet, wait_for
@@ -303,18 +303,7 @@ def test_unknown_protocol_version_is_answered_and_nothing_else_is_disturbed(
 
 
 def test_session_cap_turns_new_sessions_away_with_retry_after(tmp_path: Path) -> None:
-    init = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "cap", "version": "1"},
-            },
-        }
-    )
+    init = initialize_body("cap")
     with local_fleet(tmp_path, replicas=2, router_args=("--session-cap", "2")) as lf:
         owners = []
         for _ in range(4):

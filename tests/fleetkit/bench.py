@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from fleetkit.wire import MODERN, MODERN_META
+from fleetkit.wire import MODERN, MODERN_META, initialize_body
 from mcpfleet.server.codec import ReloadableCodec
 from mcpfleet.server.demo import connect
 from mcpfleet.server.devfleet import LocalFleet, free_port, wait_for
@@ -174,18 +174,7 @@ async def death_to_404(lf: LocalFleet) -> float:
         init = await http.post(
             lf.url,
             headers={**HEADERS, "mcp-protocol-version": "2025-11-25"},
-            content=json.dumps(
-                {
-                    "jsonrpc": "2.0",
-                    "id": 1,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-11-25",
-                        "capabilities": {},
-                        "clientInfo": {"name": "bench", "version": "1"},
-                    },
-                }
-            ),
+            content=initialize_body("bench"),
         )
         session = init.headers["mcp-session-id"]
         owner = init.headers["x-mcpfleet-replica"]

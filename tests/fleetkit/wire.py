@@ -74,5 +74,21 @@ def modern_call(
     )
 
 
+def initialize_body(client_name: str) -> str:
+    """A handshake-era ``initialize`` request, as a JSON body."""
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": client_name, "version": "1"},
+            },
+        }
+    )
+
+
 def accept(value: Any) -> dict[str, Any]:
     return {"action": "accept", "content": {"value": value}}
