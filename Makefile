@@ -62,10 +62,10 @@ bench: venv deps
 	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
 
 cluster-up: venv tools
-	PYTHONPATH=tests $(PY) -m fleetkit.controlplane up
+	PYTHONPATH=tests $(PY) -m fleetkit.cluster up
 
 cluster-down: venv
-	PYTHONPATH=tests $(PY) -m fleetkit.controlplane down
+	PYTHONPATH=tests $(PY) -m fleetkit.cluster down
 
 
 clean:
