@@ -21,7 +21,9 @@ from .conftest import watched
 
 @pytest.fixture
 def small_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
-    args = ("--drain-timeout", "30", "--drain-quiet", "1")
+    # Quiet means no request of any owned session for 3 s: long enough that a
+    # client merely slow between two requests (a loaded machine) is not cut off.
+    args = ("--drain-timeout", "30", "--drain-quiet", "3")
     with local_fleet(tmp_path, replica_args=args) as lf, watched(request, lf):
         yield lf
 

@@ -208,7 +208,13 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
         try:
             for t in traces[2:]:
                 (sid,) = _sessions(t)
-                assert client.get(keys.session(sid)) is not None
+                key = keys.session(sid)
+                await asyncio.to_thread(
+                    wait_for,
+                    f"session {sid[:8]} back in Redis",
+                    lambda key=key: client.get(key) is not None,
+                    10,
+                )
         finally:
             client.close()
         resp = httpx.post(
