@@ -79,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--audience", default="", help="request-state audience (default: from --app)")
     s.add_argument("--state-ttl", type=_positive, default=600.0, help="request-state token TTL, s")
     s.add_argument("--drain-timeout", type=_positive, default=30.0)
-    s.add_argument("--drain-quiet", type=_positive, default=2.0)
     s.add_argument("--heartbeat", type=_positive, default=1.0)
     s.add_argument("--heartbeat-ttl", type=_positive, default=3.0)
 
@@ -221,7 +220,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         audience=args.audience,
                         state_ttl=args.state_ttl,
                         drain_timeout=args.drain_timeout,
-                        drain_quiet=args.drain_quiet,
                         heartbeat_interval=args.heartbeat,
                         heartbeat_ttl=args.heartbeat_ttl,
                     )

@@ -52,10 +52,14 @@ class GateState:
             del self.sessions[session]
         return len(self.sessions)
 
-    def quiet_for(self, seconds: float, now: float | None = None) -> bool:
-        """No request in flight and no session active within ``seconds``."""
-        now = time.monotonic() if now is None else now
-        return self.inflight == 0 and all(now - seen >= seconds for seen in self.sessions.values())
+    def idle(self, now: float | None = None) -> bool:
+        """No request in flight and no open session: a draining replica may exit.
+
+        A session counts as open until it is deleted, answered 404, or idle past
+        the session timeout. Waiting for quiet instead would race a session's
+        next request; the drain deadline bounds sessions that are never closed.
+        """
+        return self.inflight == 0 and self.live_sessions(now) == 0
 
 
 def _header(scope: Scope, key: bytes) -> str | None:

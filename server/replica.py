@@ -65,7 +65,6 @@ class ReplicaConfig:
     audience: str = ""
     state_ttl: float = 600.0
     drain_timeout: float = 30.0
-    drain_quiet: float = 2.0
     session_idle: float = 1800.0
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_ttl: float = HEARTBEAT_TTL
@@ -158,12 +157,14 @@ class Replica:
         )
         deadline = time.monotonic() + cfg.drain_timeout
         while time.monotonic() < deadline:
-            if self.state.quiet_for(cfg.drain_quiet):
-                log.info("drained: no request in flight, sessions quiet for %.1fs", cfg.drain_quiet)
+            if self.state.idle():
+                log.info("drained: no request in flight and no open session")
                 return
             await asyncio.sleep(0.1)
         log.warning(
-            "drain deadline passed with %d request(s) in flight; exiting", self.state.inflight
+            "drain deadline passed with %d request(s) in flight and %d open session(s); exiting",
+            self.state.inflight,
+            self.state.live_sessions(),
         )
 
 

@@ -51,11 +51,13 @@ async def test_draining_refuses_new_work_but_serves_owned_sessions() -> None:
         assert owned.status_code == 200
 
 
-def test_idle_sessions_are_forgotten_and_quiet_means_nothing_in_flight() -> None:
+def test_idle_sessions_are_forgotten_and_idle_means_no_request_and_no_session() -> None:
     state = GateState(name="r", session_idle=10)
     state.sessions = {"old": 0.0, "fresh": 95.0}
     assert state.live_sessions(now=100.0) == 1 and set(state.sessions) == {"fresh"}
-    assert state.quiet_for(2, now=100.0)
-    assert not state.quiet_for(6, now=100.0)
+    assert not state.idle(now=100.0), "an open session holds the drain"
+    assert state.idle(now=106.0), "until it idles out"
     state.inflight = 1
-    assert not state.quiet_for(2, now=100.0)
+    assert not state.idle(now=106.0)
+    state.inflight, state.streams = 0, 3
+    assert state.idle(now=106.0), "listening GET streams never hold a drain"
