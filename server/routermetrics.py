@@ -9,18 +9,6 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-#: Route kinds (mcpfleet.server.routing.RouteKind values) and outcomes.
-OUTCOMES = (
-    "ok",
-    "client_error",
-    "upstream_error",
-    "owner_gone",
-    "no_replica",
-    "unavailable",
-    "rejected",
-    "disconnected",
-)
-
 
 class RouterMetrics:
     """Metrics of one router process, in their own registry."""
