@@ -41,7 +41,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit.controlplane import LOOPBACK, ControlPlane, make_pod_ready
-from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis
+from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
@@ -459,13 +459,5 @@ def control_plane_fleet(
         namespace=namespace,
         secret_name=secret_name,
     )
-    try:
-        cf.start()
-    except BaseException:
-        print(cp_diagnostics(cf))
-        cf.stop()
-        raise
-    try:
+    with running(cf, cp_diagnostics):
         yield cf
-    finally:
-        cf.stop()

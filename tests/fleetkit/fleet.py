@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import Attestation, RedisKeys
@@ -22,6 +22,8 @@ from mcpfleet.server.devfleet import LocalFleet
 from mcpfleet.server.keyring import KeyRing
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
+
+F = TypeVar("F", bound=LocalFleet)
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
@@ -96,16 +98,23 @@ def local_fleet(
         router_args=tuple(router_args),
         extra_env={"PYTHONPATH": str(TESTS_DIR)},
     )
+    with running(lf, diagnostics):
+        yield lf
+
+
+@contextlib.contextmanager
+def running(fleet: F, diagnose: Callable[[F], str]) -> Iterator[F]:
+    """Start ``fleet``; on a failed start print ``diagnose(fleet)``; always stop it."""
     try:
-        lf.start()
+        fleet.start()
     except BaseException:
-        print(diagnostics(lf))
-        lf.stop()
+        print(diagnose(fleet))
+        fleet.stop()
         raise
     try:
-        yield lf
+        yield fleet
     finally:
-        lf.stop()
+        fleet.stop()
 
 
 def diagnostics(fleet: LocalFleet) -> str:
