@@ -36,6 +36,9 @@ REPLICA_HEADER = "X-Mcpfleet-Replica"
 #: Set by a draining replica on the 503 it answers for work it will not take,
 #: so a router may safely send that request elsewhere.
 DRAINING_HEADER = "X-Mcpfleet-Draining"
+#: Set on every error response the router made itself (never on one a replica
+#: made), so a client or a person debugging can tell who refused a request.
+ROUTER_ERROR_HEADER = "X-Mcpfleet-Router-Error"
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 MCP_PATH = "/mcp"

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+import errno
 import json
 import logging
 import time
@@ -34,6 +36,7 @@ from mcpfleet.server.contract import (
     DEFAULT_FLEET,
     DRAINING_HEADER,
     REPLICA_HEADER,
+    ROUTER_ERROR_HEADER,
     RedisKeys,
 )
 from mcpfleet.server.registry import connect, redact_url
@@ -45,6 +48,7 @@ from mcpfleet.server.routing import (
     parses_as_json,
     pick_stateless,
     place_session,
+    session_ids,
     valid_session_id,
 )
 
@@ -66,7 +70,27 @@ HOP_BY_HOP = frozenset(
         "host",
     }
 )
-_CLIENT_MAY_NOT_SET = frozenset({REPLICA_HEADER.lower(), DRAINING_HEADER.lower()})
+_CLIENT_MAY_NOT_SET = frozenset(
+    {REPLICA_HEADER.lower(), DRAINING_HEADER.lower(), ROUTER_ERROR_HEADER.lower()}
+)
+#: Replica response headers the router replaces with its own (uvicorn adds them
+#: to every response): forwarding them too would repeat them.
+_REPLACED_BY_ROUTER = frozenset({"date", "server"})
+
+
+class Failure(enum.StrEnum):
+    """Why a forward produced no upstream status; the values are metric labels."""
+
+    REFUSED = "refused"  # the replica refused the connection: it is not listening
+    TIMEOUT = "timeout"  # no connection within connect_timeout: maybe overloaded
+    DRAINING = "draining"  # the replica declined the request before any work
+    DISCONNECTED = "disconnected"  # the client went away first
+    UPSTREAM_BROKE = "upstream_broke"  # the replica's response broke off midway
+
+    @property
+    def nothing_processed(self) -> bool:
+        """True if the replica certainly did no work: the request may go elsewhere."""
+        return self in (Failure.REFUSED, Failure.TIMEOUT, Failure.DRAINING)
 
 
 @dataclass
@@ -96,7 +120,11 @@ def _error(code: int, message: str) -> bytes:
 async def _respond(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (ROUTER_ERROR_HEADER.lower().encode(), b"1"),
+    ]
     await send(
         {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
     )
@@ -122,13 +150,37 @@ def _forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return out
 
 
-def _response_headers(resp: aiohttp.ClientResponse) -> list[tuple[bytes, bytes]]:
-    connection_listed = {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
-    return [
-        (k, v)
-        for k, v in resp.raw_headers
-        if k.decode("latin-1").lower() not in HOP_BY_HOP | connection_listed
-    ]
+def _response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tuple[bytes, bytes]]:
+    """The replica's response headers as the client should see them.
+
+    Hop-by-hop headers are dropped, and so are ``date``/``server`` (the router
+    sets its own). A ``location`` pointing at the replica's own address (the
+    app's trailing-slash redirect) is made relative, so a client that follows
+    it comes back through the router instead of going around it.
+    """
+    drop = HOP_BY_HOP | _REPLACED_BY_ROUTER
+    drop |= {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
+    out = []
+    for k, v in resp.raw_headers:
+        name = k.decode("latin-1").lower()
+        if name in drop:
+            continue
+        if name == "location" and v.decode("latin-1").startswith(replica_base + "/"):
+            v = v[len(replica_base) :]
+        out.append((k, v))
+    return out
+
+
+def _stale_connection(exc: aiohttp.ClientError) -> bool:
+    """True for a connection closed or reset before any response: on a pooled keep-alive
+    connection this means the replica never read the request (it closed the idle
+    connection, or its process is gone), so one retry on a fresh connection is safe."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (
+        errno.ECONNRESET,
+        errno.EPIPE,
+    )
 
 
 class _TooLarge(Exception):
@@ -163,6 +215,8 @@ class Router:
         self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
         self.metrics = RouterMetrics()
         self.http: aiohttp.ClientSession | None = None
+        #: Used only to retry a request whose pooled connection proved stale.
+        self.fresh_http: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------
@@ -171,14 +225,8 @@ class Router:
         # Idle upstream connections are dropped well before a replica would close
         # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
         connector = aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=5.0)
-        self.http = aiohttp.ClientSession(
-            connector=connector,
-            # Only connecting is bounded: streams may stay open for as long as they live.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-        )
+        self.http = self._client_session(connector)
+        self.fresh_http = self._client_session(aiohttp.TCPConnector(force_close=True))
         await self.view.refresh()
         log.info(
             "router for fleet %s, Redis %s: %d replica(s) known%s",
@@ -188,6 +236,16 @@ class Router:
             " (degraded: Redis unreachable)" if self.health.degraded else "",
         )
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name="replica-view"))
+
+    def _client_session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            # Only connecting is bounded: streams may stay open for as long as they live.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        )
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -207,8 +265,9 @@ class Router:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.http is not None:
-            await self.http.close()
+        for http in (self.http, self.fresh_http):
+            if http is not None:
+                await http.close()
         await self.redis.aclose()
 
     # --- ASGI ------------------------------------------------------------------------
@@ -286,8 +345,13 @@ class Router:
             await _respond(send, 413, _error(-32600, "Request body too large"))
             return "invalid", "rejected"
         except ConnectionResetError:
-            return "invalid", "disconnected"
+            return "invalid", Failure.DISCONNECTED
 
+        if len(session_ids(raw_headers)) > 1:
+            # The router would route by one and the replica read another: refused
+            # before any lookup, so no session is ever dropped on another's behalf.
+            await _respond(send, 400, _error(-32600, "Bad Request: more than one Mcp-Session-Id"))
+            return "invalid", "rejected"
         method: str = scope["method"]
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
@@ -324,14 +388,14 @@ class Router:
         outcome = await self._forward(
             scope, receive, send, RouteKind.STICKY, owner, address, body, started
         )
-        if outcome == "refused":
+        if outcome is Failure.REFUSED:
             self.view.forget(owner)
             return await self._owner_gone(send, session, owner, "refused")
-        if outcome == "timeout":
+        if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
             await _retry_later(send, 503, -32000, "Session owner unavailable; retry")
             return "unavailable"
-        if outcome == "draining":
+        if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
             return await self._owner_gone(send, session, owner, "unknown_to_owner")
         if outcome == 404 or (
@@ -374,10 +438,10 @@ class Router:
             outcome = await self._forward(
                 scope, receive, send, kind, replica.name, replica.address, body, started
             )
-            if outcome in ("refused", "draining", "timeout"):
-                if outcome == "refused":
+            if isinstance(outcome, Failure) and outcome.nothing_processed:
+                if outcome is Failure.REFUSED:
                     self.view.forget(replica.name)
-                self.metrics.retries.labels(str(outcome)).inc()
+                self.metrics.retries.labels(outcome.value).inc()
                 continue
             return _outcome(outcome)
         full = (
@@ -399,11 +463,53 @@ class Router:
         address: str,
         body: bytes,
         started: float,
-    ) -> int | str:
-        """Proxy one request to ``address``. Returns the status sent, or why nothing was sent:
-        ``refused`` (connection refused), ``timeout`` (no connection in time) or
-        ``draining`` (the replica declined before any work)."""
-        assert self.http is not None
+    ) -> int | Failure:
+        """Proxy one request to replica ``name``, counted in flight while it runs.
+
+        Returns the status relayed to the client, or the :class:`Failure` that
+        stopped it.
+        """
+        self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
+        try:
+            return await self._proxy(scope, receive, send, kind, name, address, body, started)
+        finally:
+            self.view.inflight[name] -= 1
+
+    async def _open(
+        self, name: str, method: str, url: str, headers: list[tuple[str, str]], body: bytes
+    ) -> aiohttp.ClientResponse:
+        """Send the request upstream and return once the response headers arrived.
+
+        A pooled connection the replica closed or reset before answering is
+        retried once on a fresh connection: then a live replica answers, and a
+        dead one refuses, which the caller turns into the spec's 404 at once.
+        """
+        assert self.http is not None and self.fresh_http is not None
+        try:
+            return await self.http.request(
+                method, url, headers=headers, data=body or None, allow_redirects=False
+            )
+        except aiohttp.ClientConnectorError:
+            raise
+        except aiohttp.ClientError as exc:
+            if not _stale_connection(exc):
+                raise
+            log.info("replica %s: pooled connection %s; retrying fresh", name, type(exc).__name__)
+        return await self.fresh_http.request(
+            method, url, headers=headers, data=body or None, allow_redirects=False
+        )
+
+    async def _proxy(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        kind: RouteKind,
+        name: str,
+        address: str,
+        body: bytes,
+        started: float,
+    ) -> int | Failure:
         url = address + scope["raw_path"].decode("latin-1")
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
@@ -411,77 +517,79 @@ class Router:
         client = scope.get("client")
         if client:
             headers.append(("x-forwarded-for", client[0]))
-        self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
-            try:
-                upstream = await self.http.request(
-                    scope["method"],
-                    url,
-                    headers=headers,
-                    data=body or None,
-                    allow_redirects=False,
-                )
-            except TimeoutError:
-                log.warning(
-                    "replica %s did not accept a connection within %.1fs",
-                    name,
-                    self.config.connect_timeout,
-                )
-                return "timeout"
-            except aiohttp.ClientConnectorError as exc:
-                log.info("replica %s refused the connection: %s", name, exc.os_error)
-                return "refused"
-            except aiohttp.ClientError as exc:
-                log.warning(
-                    "replica %s failed before answering: %s: %s", name, type(exc).__name__, exc
-                )
-                # The request may or may not have been processed: never resent. A
-                # session survives this (its owner is alive); the client may retry.
-                failure = f"Replica {name} dropped the connection: {type(exc).__name__}"
-                status = 503 if kind is RouteKind.STICKY else 502
-                await _retry_later(send, status, -32603, failure)
-                return status
-            complete = False
-            try:
-                if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
-                    await upstream.read()
-                    complete = True
-                    return "draining"
-                if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                    session = upstream.headers.get("mcp-session-id")
-                    if session and valid_session_id(session):
-                        await self.sessions.record(session, name)
-                self.metrics.latency.labels(kind.value).observe(time.perf_counter() - started)
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": upstream.status,
-                        "headers": _response_headers(upstream),
-                    }
-                )
-                complete = await self._pump(upstream, receive, send)
-                return upstream.status if complete else "disconnected"
-            finally:
-                if complete:
-                    upstream.release()  # back to the pool
-                else:
-                    upstream.close()  # tear the upstream request down
+            upstream = await self._open(name, scope["method"], url, headers, body)
+        except TimeoutError:
+            log.warning(
+                "replica %s did not accept a connection within %.1fs",
+                name,
+                self.config.connect_timeout,
+            )
+            return Failure.TIMEOUT
+        except aiohttp.ClientConnectorError as exc:
+            log.info("replica %s refused the connection: %s", name, exc.os_error)
+            return Failure.REFUSED
+        except aiohttp.ClientError as exc:
+            log.warning("replica %s failed before answering: %s: %s", name, type(exc).__name__, exc)
+            # The request may or may not have been processed: never resent. A
+            # session survives this (its owner is alive); the client may retry.
+            failure = f"Replica {name} dropped the connection: {type(exc).__name__}"
+            status = 503 if kind is RouteKind.STICKY else 502
+            await _retry_later(send, status, -32603, failure)
+            return status
+        result: int | Failure = Failure.UPSTREAM_BROKE
+        try:
+            if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
+                await upstream.read()
+                result = Failure.DRAINING
+                return result
+            if kind is RouteKind.INITIALIZE and upstream.status == 200:
+                session = upstream.headers.get("mcp-session-id")
+                if session and valid_session_id(session):
+                    await self.sessions.record(session, name)
+            self.metrics.latency.labels(kind.value).observe(time.perf_counter() - started)
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": upstream.status,
+                    "headers": _response_headers(upstream, address),
+                }
+            )
+            ended = await self._pump(upstream, receive, send)
+            if ended is None:
+                result = upstream.status
+            else:
+                result = ended
+                if ended is Failure.UPSTREAM_BROKE:
+                    log.warning("replica %s broke off its response; aborting the client's", name)
+            return result
         finally:
-            self.view.inflight[name] -= 1
+            if isinstance(result, int) or result is Failure.DRAINING:
+                upstream.release()  # complete: back to the pool
+            else:
+                upstream.close()  # tear the upstream request down
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, receive: Receive, send: Send) -> bool:
+    async def _pump(
+        self, upstream: aiohttp.ClientResponse, receive: Receive, send: Send
+    ) -> Failure | None:
         """Copy the upstream body to the client chunk by chunk until either side ends.
 
-        Returns False if the client went away first (the upstream is then closed too).
+        Returns None when the body was relayed whole, :attr:`Failure.DISCONNECTED`
+        if the client went away first (the upstream is then closed too), and
+        :attr:`Failure.UPSTREAM_BROKE` if the replica's body broke off: then the
+        client's response is left unfinished, and the server aborts the
+        connection, so the client sees a broken stream, never a normal end.
         """
 
-        async def copy() -> None:
+        async def copy() -> bool:
             try:
                 async for chunk in upstream.content.iter_any():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except (aiohttp.ClientError, TimeoutError) as exc:
-                log.info("upstream stream ended early: %s", type(exc).__name__)
+                log.info("upstream stream broke off: %s", type(exc).__name__)
+                return False
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return True
 
         async def client_gone() -> None:
             while True:
@@ -499,12 +607,14 @@ class Router:
             for task in (copier, watcher):
                 with contextlib.suppress(asyncio.CancelledError, OSError, RuntimeError):
                     await task
-        return copier.done() and not copier.cancelled() and copier.exception() is None
+        if not copier.done() or copier.cancelled() or copier.exception() is not None:
+            return Failure.DISCONNECTED
+        return None if copier.result() else Failure.UPSTREAM_BROKE
 
 
-def _outcome(result: int | str) -> str:
-    if isinstance(result, str):
-        return result
+def _outcome(result: int | Failure) -> str:
+    if isinstance(result, Failure):
+        return result.value
     if result < 400:
         return "ok"
     return "client_error" if result < 500 else "upstream_error"

@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 #: Session ids the fleet's replicas mint are 32 hex digits (uuid4().hex); the
-#: spec allows visible ASCII. Anything else is refused before any lookup.
+#: spec allows visible ASCII. Anything else is refused before any lookup. A comma
+#: is refused too: it is how HTTP joins repeated headers, so an id holding one
+#: may be two ids, and the router and the replica could read different ones.
 MAX_SESSION_ID_LENGTH = 128
-_SESSION_ID = re.compile(rf"^[\x21-\x7e]{{1,{MAX_SESSION_ID_LENGTH}}}$")
+_SESSION_ID = re.compile(rf"^[\x21-\x2b\x2d-\x7e]{{1,{MAX_SESSION_ID_LENGTH}}}$")
+
+#: The deepest JSON nesting the router parses. Routing needs only the top level
+#: (object or batch) and each message's ``method``; JSON-RPC params nest far less
+#: in practice. A body nested deeper is refused as a parse error before any
+#: recursive parser sees it, so no body can exhaust the router's stack.
+MAX_JSON_DEPTH = 128
 
 
 class RouteKind(enum.StrEnum):
@@ -41,10 +49,50 @@ def valid_session_id(value: str) -> bool:
     return bool(_SESSION_ID.match(value))
 
 
+def session_ids(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[str]:
+    """Every ``Mcp-Session-Id`` value a request carries, in order (usually none or one)."""
+    return [v.decode("latin-1") for k, v in raw_headers if k.lower() == b"mcp-session-id"]
+
+
+def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True if ``body`` opens more than ``limit`` nested arrays/objects at any point.
+
+    A linear scan that skips string contents (and their escapes); it does not
+    validate the JSON, only bounds how deep a parser would have to recurse.
+    """
+    depth = 0
+    in_string = False
+    escaped = False
+    for byte in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
+def _load(body: bytes) -> object:
+    """``json.loads`` for a body already known not to nest past :data:`MAX_JSON_DEPTH`."""
+    if json_depth_exceeds(body):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(body)
+
+
 def parses_as_json(body: bytes) -> bool:
     try:
-        json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        _load(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False
     return True
 
@@ -52,8 +100,8 @@ def parses_as_json(body: bytes) -> bool:
 def is_initialize(body: bytes) -> bool:
     """True if a POST body is a JSON-RPC ``initialize`` request (or a batch holding one)."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        doc = _load(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False
     items = doc if isinstance(doc, list) else [doc]
     return any(isinstance(m, dict) and m.get("method") == "initialize" for m in items)
@@ -85,11 +133,17 @@ def place_session(candidates: Sequence[Candidate], cap: int | None = None) -> Ca
 def pick_stateless(
     candidates: Sequence[Candidate], rng: random.Random | None = None
 ) -> Candidate | None:
-    """Power of two choices on requests in flight: near-least-loaded without herding."""
+    """Power of two choices on requests in flight: near-least-loaded without herding.
+
+    Only requests in flight count: a stateless round does not care how many
+    handshake sessions a replica holds. Ties go to whichever of the pair was
+    drawn first, which is random, so idle replicas share sequential traffic
+    evenly rather than the one with the fewest sessions taking every round.
+    """
     if not candidates:
         return None
     if len(candidates) == 1:
         return candidates[0]
     r = rng or random
     a, b = r.sample(list(candidates), 2)
-    return a if (a.inflight, a.sessions) <= (b.inflight, b.sessions) else b
+    return a if a.inflight <= b.inflight else b

@@ -13,8 +13,11 @@ from mcpfleet.server.routing import (
     RouteKind,
     classify,
     is_initialize,
+    json_depth_exceeds,
+    parses_as_json,
     pick_stateless,
     place_session,
+    session_ids,
     valid_session_id,
 )
 
@@ -91,3 +94,48 @@ def test_pick_stateless_avoids_the_busiest_and_spreads() -> None:
     spread = Counter(pick_stateless(even, rng).name for _ in range(3000))  # type: ignore[union-attr]
     assert min(spread.values()) > 700
     assert pick_stateless([]) is None
+
+
+def test_pick_stateless_shares_idle_replicas_evenly_whatever_their_sessions() -> None:
+    """Sequential clients leave nothing in flight: session counts must not decide ties."""
+    rng = random.Random(11)
+    idle = [Candidate("few", 0, 0), Candidate("some", 40, 0), Candidate("many", 90, 0)]
+    spread = Counter(pick_stateless(idle, rng).name for _ in range(3000))  # type: ignore[union-attr]
+    assert min(spread.values()) > 850, spread
+
+
+@pytest.mark.parametrize(
+    ("body", "deep"),
+    [
+        (b"[" * 1100 + b"]" * 1100, True),
+        (b"[" * 129 + b"]" * 129, True),
+        (b"[" * 128 + b"]" * 128, False),
+        (b'{"a": "' + b"[" * 5000 + b'"}', False),  # brackets inside a string do not nest
+        (b'{"a": "\\"' + b"[" * 5000 + b'"}', False),  # nor after an escaped quote
+        (INIT, False),
+    ],
+)
+def test_json_depth_is_bounded_before_any_parse(body: bytes, deep: bool) -> None:
+    assert json_depth_exceeds(body) is deep
+    if deep:
+        assert not parses_as_json(body)
+        assert not is_initialize(body)
+        assert classify("POST", {}, body) is RouteKind.STATELESS
+
+
+def test_initialize_nested_just_under_the_bound_still_classifies() -> None:
+    batch = b"[" + INIT + b"]"
+    assert json_depth_exceeds(batch, limit=3) is False  # [ { "params": { } } ]
+    assert json_depth_exceeds(batch, limit=2) is True
+    assert is_initialize(batch)
+
+
+@pytest.mark.parametrize("value", ["a,b", "7eaabf95e70c49f2a2edd12621ae1eba,deadbeef", ","])
+def test_comma_joined_session_ids_are_refused(value: str) -> None:
+    assert not valid_session_id(value)
+
+
+def test_session_ids_lists_every_header_occurrence() -> None:
+    raw = [(b"Mcp-Session-Id", b"A"), (b"accept", b"*/*"), (b"mcp-session-id", b"B")]
+    assert session_ids(raw) == ["A", "B"]
+    assert session_ids([(b"accept", b"*/*")]) == []

@@ -1,0 +1,249 @@
+"""Router hardening: hostile bodies and headers, stale pooled connections, broken streams.
+
+The router runs in-process (httpx's ASGI transport) against a real redis-server
+and, where a replica must misbehave in a precise way, a scripted fake replica
+speaking raw HTTP/1.1 on 127.0.0.1. The broken-stream case needs a real router
+process under uvicorn and a real replica killed mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from fleetkit.fleet import local_fleet, require_redis
+from fleetkit.wire import initialize_body
+from mcpfleet.server.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
+from mcpfleet.server.devfleet import LocalFleet, free_port, wait_for
+from mcpfleet.server.router import Router, RouterConfig
+
+from .conftest import watched
+
+FLEET = "hardening"
+KEYS = RedisKeys(FLEET)
+JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = require_redis()
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+
+    def pong() -> bool:
+        with contextlib.suppress(redis.RedisError):
+            return bool(client.ping())
+        return False
+
+    try:
+        wait_for("redis-server to answer", pong, 15)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+class FakeReplica:
+    """A replica that answers the first request on a connection, then resets the connection
+    on the next one and stops listening: a process that died between two requests."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            self.requests += 1
+            if self.requests > 1:
+                assert self.server is not None
+                self.server.close()  # a fresh connection is now refused
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()  # RST: the request was never processed
+                return
+            body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
+            await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def in_process_router(redis_url: str) -> AsyncIterator[tuple[Router, httpx.AsyncClient]]:
+    router = Router(RouterConfig(redis_url=redis_url, fleet=FLEET))
+    await router.startup()
+    transport = httpx.ASGITransport(app=router)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as http:
+            yield router, http
+    finally:
+        await router.shutdown()
+
+
+def _register(redis_url: str, name: str, address: str, session: str | None = None) -> None:
+    client = redis.Redis.from_url(redis_url)
+    record = Attestation(
+        name=name, address=address, state="serving", kids=(), heartbeat=time.time()
+    )
+    client.set(KEYS.replica(name), record.to_json(), ex=60)
+    client.sadd(KEYS.replicas, name)
+    if session is not None:
+        client.set(KEYS.session(session), name, ex=60)
+    client.close()
+
+
+def _session_known(redis_url: str, session: str) -> bool:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return bool(client.exists(KEYS.session(session)))
+    finally:
+        client.close()
+
+
+async def test_a_deeply_nested_body_gets_a_json_rpc_parse_error_not_a_500(redis_url: str) -> None:
+    async with in_process_router(redis_url) as (_, http):
+        resp = await http.post("/mcp", content=b"[" * 1100 + b"]" * 1100, headers=JSON_HEADERS)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["code"] == -32700
+    assert resp.headers[ROUTER_ERROR_HEADER] == "1"
+
+
+async def test_two_session_ids_are_refused_before_any_lookup_and_drop_nothing(
+    redis_url: str,
+) -> None:
+    _register(redis_url, "dup-owner", "http://127.0.0.1:9", session="session-a")
+    _register(redis_url, "dup-other", "http://127.0.0.1:9", session="session-b")
+    async with in_process_router(redis_url) as (router, http):
+        resp = await http.post(
+            "/mcp",
+            content=b"{}",
+            headers=[
+                ("content-type", "application/json"),
+                ("mcp-session-id", "session-a"),
+                ("mcp-session-id", "session-b"),
+            ],
+        )
+        joined = await http.post(
+            "/mcp", content=b"{}", headers={"mcp-session-id": "session-a,session-b"}
+        )
+        assert router.metrics.lookups.labels("redis")._value.get() == 0, "no lookup was made"
+    assert resp.status_code == 400 and joined.status_code == 400
+    assert "Mcp-Session-Id" in resp.json()["error"]["message"]
+    assert _session_known(redis_url, "session-a") and _session_known(redis_url, "session-b")
+
+
+async def test_a_reset_pooled_connection_to_a_dead_owner_gets_404_at_once(redis_url: str) -> None:
+    """The first request leaves a keep-alive connection in the pool; the owner then dies.
+    The reset on that stale connection is retried fresh, refused, and answered 404."""
+    fake = FakeReplica()
+    await fake.start()
+    _register(redis_url, "pooled", f"http://127.0.0.1:{fake.port}", session="pooled-session")
+    async with in_process_router(redis_url) as (_, http):
+        first = await http.post(
+            "/mcp", content=b"{}", headers={**JSON_HEADERS, "mcp-session-id": "pooled-session"}
+        )
+        assert first.status_code == 200
+        second = await http.post(
+            "/mcp", content=b"{}", headers={**JSON_HEADERS, "mcp-session-id": "pooled-session"}
+        )
+    assert fake.requests == 2, "the second request reached the stale connection"
+    assert second.status_code == 404, second.text
+    assert second.json()["error"]["message"] == "Session not found"
+    assert not _session_known(redis_url, "pooled-session")
+
+
+@pytest.fixture
+def crash_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
+    with (
+        local_fleet(tmp_path, replicas=2, app="fleetkit.streamapp:app") as lf,
+        watched(request, lf),
+    ):
+        yield lf
+
+
+def test_a_replica_crash_mid_stream_breaks_the_clients_stream(crash_fleet: LocalFleet) -> None:
+    lf = crash_fleet
+    with httpx.Client(timeout=30) as http:
+        init = http.post(lf.url, content=initialize_body("crash-test"), headers=JSON_HEADERS)
+        session = init.headers["mcp-session-id"]
+        owner = init.headers["x-mcpfleet-replica"]
+        headers = {**JSON_HEADERS, "mcp-session-id": session, "mcp-protocol-version": "2025-11-25"}
+        http.post(
+            lf.url,
+            content=json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            headers=headers,
+        )
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "ticker",
+                "arguments": {"count": 20, "interval": 1.0},
+                "_meta": {"progressToken": "t"},
+            },
+        }
+        events: list[str] = []
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            http.stream("POST", lf.url, content=json.dumps(call), headers=headers) as resp,
+        ):
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line)
+                    if len(events) == 1:
+                        lf.members[owner].proc.signal(signal.SIGKILL)
+    assert events and all('"result"' not in e for e in events), "the call never finished"
+
+
+def test_router_made_errors_are_marked_and_redirects_lead_back_through_the_router(
+    crash_fleet: LocalFleet,
+) -> None:
+    lf = crash_fleet
+    with httpx.Client(timeout=10) as http:
+        made_here = http.post(lf.url, content=b"not json", headers=JSON_HEADERS)
+        proxied = http.post(lf.url, content=initialize_body("marks"), headers=JSON_HEADERS)
+        slash = http.post(lf.url + "/", content=initialize_body("slash"), headers=JSON_HEADERS)
+        deep = http.post(lf.url, content=b"[" * 1100 + b"]" * 1100, headers=JSON_HEADERS)
+    assert deep.status_code == 400, deep.text
+    assert deep.json()["error"]["code"] == -32700
+    assert made_here.status_code == 400 and made_here.headers[ROUTER_ERROR_HEADER] == "1"
+    assert proxied.status_code == 200 and ROUTER_ERROR_HEADER not in proxied.headers
+    for resp in (made_here, proxied, slash):
+        assert len(resp.headers.get_list("date")) == 1, resp.headers
+        assert len(resp.headers.get_list("server")) <= 1, resp.headers
+    if slash.is_redirect:
+        location = slash.headers["location"]
+        assert location.startswith("/"), f"a replica address leaked: {location}"
