@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--session-cap", type=int, default=None, help="max sessions per replica")
     r.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     r.add_argument("--max-header-bytes", type=int, default=16 * 1024)
+    r.add_argument("--header-timeout", type=_positive, default=10.0, help="s to send headers")
+    r.add_argument("--body-timeout", type=_positive, default=30.0, help="s to send a body")
+    r.add_argument("--max-connections", type=int, default=10000, help="503 beyond this")
 
     k = sub.add_parser("keys", help="create or rotate a local key ring directory")
     k.add_argument("action", choices=["generate", "stage", "promote", "retire", "abort", "show"])
@@ -239,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     session_cap=args.session_cap,
                     max_body_bytes=args.max_body_bytes,
                     max_header_bytes=args.max_header_bytes,
+                    header_timeout=args.header_timeout,
+                    body_timeout=args.body_timeout,
+                    max_connections=args.max_connections,
                 )
             )
         elif args.command == "keys":

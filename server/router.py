@@ -105,6 +105,13 @@ class RouterConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_header_bytes: int = 16 * 1024
     connect_timeout: float = 3.0
+    #: How long a client may take to send a request's headers, then its body.
+    #: Responses (streams) are never bounded.
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    #: Connections (and requests in flight) the router holds at once; past it,
+    #: new ones get 503 at once rather than queueing.
+    max_connections: int = 10000
     #: How long a session's owner may be absent from the registry (a late
     #: heartbeat) before the router stops trying its last known address.
     owner_absent_limit: float = 10.0
@@ -187,7 +194,13 @@ class _TooLarge(Exception):
     pass
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes:
+    """The whole request body (routing needs it), within ``limit`` bytes and ``timeout`` s."""
+    async with asyncio.timeout(timeout):
+        return await _read_body_unbounded(receive, limit)
+
+
+async def _read_body_unbounded(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -340,9 +353,12 @@ class Router:
             await _respond(send, 413, _error(-32600, "Request body too large"))
             return "invalid", "rejected"
         try:
-            body = await _read_body(receive, self.config.max_body_bytes)
+            body = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout)
         except _TooLarge:
             await _respond(send, 413, _error(-32600, "Request body too large"))
+            return "invalid", "rejected"
+        except TimeoutError:
+            await _respond(send, 408, _error(-32600, "Request body not received in time"))
             return "invalid", "rejected"
         except ConnectionResetError:
             return "invalid", Failure.DISCONNECTED
@@ -623,12 +639,16 @@ def _outcome(result: int | Failure) -> str:
 def run_router(config: RouterConfig) -> None:
     import uvicorn
 
+    from mcpfleet.server.routerhttp import bounded_protocol
+
     # uvicorn re-raises the SIGINT it handled; by then we are done.
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.run(
             Router(config),
             host=config.host,
             port=config.port,
+            http=bounded_protocol(config.header_timeout),
+            limit_concurrency=config.max_connections,
             log_level="warning",
             lifespan="on",
             access_log=False,

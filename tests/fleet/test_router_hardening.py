@@ -247,3 +247,68 @@ def test_router_made_errors_are_marked_and_redirects_lead_back_through_the_route
     if slash.is_redirect:
         location = slash.headers["location"]
         assert location.startswith("/"), f"a replica address leaked: {location}"
+
+
+@pytest.fixture(scope="module")
+def impatient_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """A router that gives clients one second for headers and one for a body."""
+    with local_fleet(
+        tmp_path_factory.mktemp("impatient"),
+        replicas=1,
+        app="fleetkit.streamapp:app",
+        router_args=("--header-timeout", "1", "--body-timeout", "1"),
+    ) as lf:
+        yield lf
+
+
+def _raw(lf: LocalFleet) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", lf.router_ports[0]), timeout=15)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
+def test_slow_headers_get_408_and_the_connection_closed(
+    impatient_fleet: LocalFleet, trickle: bool
+) -> None:
+    with _raw(impatient_fleet) as sock:
+        started = time.monotonic()
+        if trickle:
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+            with contextlib.suppress(OSError):  # the router may close while we trickle
+                for i in range(40):
+                    sock.sendall(f"x-slow-{i}: 1\r\n".encode())
+                    time.sleep(0.1)  # a slow client, on purpose
+        answer = _read_all(sock)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"x-mcpfleet-router-error: 1" in answer.lower()
+    assert waited < 10, "closed at the header deadline, not when the client gave up"
+
+
+def test_a_stalled_body_gets_a_json_rpc_408(impatient_fleet: LocalFleet) -> None:
+    with _raw(impatient_fleet) as sock:
+        sock.sendall(
+            b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: 100\r\n\r\n" + b'{"jsonrpc":'
+        )
+        answer = _read_all(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert json.loads(body)["error"]["message"] == "Request body not received in time"
+
+
+async def test_a_stream_outlives_the_header_and_body_deadlines(
+    impatient_fleet: LocalFleet,
+) -> None:
+    from mcpfleet.server.demo import connect
+
+    async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
+        result = await client.call_tool("ticker", {"count": 4, "interval": 1.0})
+    assert str(result.data) == "ticked 4 times"

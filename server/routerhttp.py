@@ -1,0 +1,73 @@
+"""The router's HTTP server: uvicorn, with a deadline on reading request headers.
+
+uvicorn bounds the idle time between keep-alive requests but not how long a
+client may take to send a request's headers: a client trickling one header
+byte at a time (or connecting and saying nothing) would hold a connection,
+and its memory, forever. :func:`bounded_protocol` returns uvicorn's own
+httptools protocol with one addition: from the moment a connection opens, or
+a new request on it begins, its headers must be complete within
+``header_timeout`` seconds, else the router answers ``408`` and closes it.
+Bodies are bounded by the router itself (``RouterConfig.body_timeout``), and
+nothing bounds a response: streams live as long as they need.
+
+uvicorn accepts any protocol class as ``http=``; this one subclasses its
+``HttpToolsProtocol`` and overrides only connection and parser callbacks,
+each calling the original first or last. ``tests/fleet/test_router_hardening``
+proves it against the installed uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\n"
+    b"x-mcpfleet-router-error: 1\r\n"
+    b"content-length: 38\r\n\r\n"
+    b"Request headers not received in time.\n"
+)
+
+
+class _BoundedHeaders(HttpToolsProtocol):
+    header_timeout: float = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_RESPONSE)
+            self.transport.close()
+
+
+def bounded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, closing connections whose headers take too long."""
+    return type("BoundedHeadersProtocol", (_BoundedHeaders,), {"header_timeout": header_timeout})
