@@ -94,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--header-timeout", type=_positive, default=10.0, help="s to send headers")
     r.add_argument("--body-timeout", type=_positive, default=30.0, help="s to send a body")
     r.add_argument("--max-connections", type=int, default=10000, help="503 beyond this")
+    r.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        help="a Host the fleet answers (repeatable; name:* for any port);"
+        " default: loopback names when bound to loopback, else any",
+    )
+    r.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        help="a browser Origin allowed (repeatable; scheme://name:* for any port);"
+        " default: loopback origins when bound to loopback, else none",
+    )
 
     k = sub.add_parser("keys", help="create or rotate a local key ring directory")
     k.add_argument("action", choices=["generate", "stage", "promote", "retire", "abort", "show"])
@@ -245,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     header_timeout=args.header_timeout,
                     body_timeout=args.body_timeout,
                     max_connections=args.max_connections,
+                    allowed_hosts=tuple(args.allowed_host),
+                    allowed_origins=tuple(args.allowed_origin),
                 )
             )
         elif args.command == "keys":

@@ -43,11 +43,13 @@ from mcpfleet.server.registry import connect, redact_url
 from mcpfleet.server.routermetrics import RouterMetrics
 from mcpfleet.server.routetable import Health, ReplicaView, SessionTable
 from mcpfleet.server.routing import (
+    OriginPolicy,
     RouteKind,
     classify,
     parses_as_json,
     pick_stateless,
     place_session,
+    refused_origin,
     session_ids,
     valid_session_id,
 )
@@ -112,6 +114,10 @@ class RouterConfig:
     #: Connections (and requests in flight) the router holds at once; past it,
     #: new ones get 503 at once rather than queueing.
     max_connections: int = 10000
+    #: DNS-rebinding protection (see routing.OriginPolicy.for_bind): empty means
+    #: loopback names for a loopback bind, else any Host and no browser Origin.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     #: How long a session's owner may be absent from the registry (a late
     #: heartbeat) before the router stops trying its last known address.
     owner_absent_limit: float = 10.0
@@ -227,6 +233,9 @@ class Router:
         self.view = ReplicaView(self.redis, self.keys, self.health)
         self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
         self.metrics = RouterMetrics()
+        self.origin_policy = OriginPolicy.for_bind(
+            config.host, config.allowed_hosts, config.allowed_origins
+        )
         self.http: aiohttp.ClientSession | None = None
         #: Used only to retry a request whose pooled connection proved stale.
         self.fresh_http: aiohttp.ClientSession | None = None
@@ -348,6 +357,10 @@ class Router:
             await _respond(send, 431, _error(-32600, "Request headers too large"))
             return "invalid", "rejected"
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+        refusal = refused_origin(headers.get("host"), headers.get("origin"), self.origin_policy)
+        if refusal is not None:
+            await _respond(send, 403, _error(-32600, f"Forbidden: {refusal}"))
+            return "invalid", "rejected"
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             await _respond(send, 413, _error(-32600, "Request body too large"))

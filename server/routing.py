@@ -147,3 +147,61 @@ def pick_stateless(
     r = rng or random
     a, b = r.sample(list(candidates), 2)
     return a if a.inflight <= b.inflight else b
+
+
+# --- DNS-rebinding protection ----------------------------------------------------------
+
+#: Host and Origin patterns of a fleet reached on loopback (``mcpfleet dev``, a
+#: router bound to 127.0.0.1). ``name:*`` matches the name with any port.
+LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*")
+LOOPBACK_ORIGINS = tuple(f"http://{h}" for h in LOOPBACK_HOSTS) + tuple(
+    f"https://{h}" for h in LOOPBACK_HOSTS
+)
+
+
+@dataclass(frozen=True)
+class OriginPolicy:
+    """Which ``Host`` and ``Origin`` values a fleet answers, against DNS rebinding.
+
+    A web page on another site that rebinds its name to the fleet's address
+    sends its own name as ``Host`` and its own origin as ``Origin``: both must
+    be on the lists. ``hosts`` empty means any Host (a router behind a Service
+    whose names are not known in advance); an absent ``Origin`` (a non-browser
+    client) is always allowed, a present one must be listed.
+    """
+
+    hosts: tuple[str, ...] = ()
+    origins: tuple[str, ...] = ()
+
+    @classmethod
+    def for_bind(
+        cls, bind_host: str, hosts: Sequence[str] = (), origins: Sequence[str] = ()
+    ) -> OriginPolicy:
+        """The policy for a server bound to ``bind_host``: what is configured, else
+        loopback names for a loopback bind, else any Host and no browser origin."""
+        loopback = bind_host in ("127.0.0.1", "localhost", "::1")
+        return cls(
+            hosts=tuple(hosts) or (LOOPBACK_HOSTS if loopback else ()),
+            origins=tuple(origins) or (LOOPBACK_ORIGINS if loopback else ()),
+        )
+
+
+def _matches(value: str, patterns: Sequence[str]) -> bool:
+    for pattern in patterns:
+        if value == pattern:
+            return True
+        if pattern.endswith(":*"):
+            base = pattern[:-2]
+            port = value[len(base) + 1 :] if value.startswith(base + ":") else ""
+            if port.isdigit():
+                return True
+    return False
+
+
+def refused_origin(host: str | None, origin: str | None, policy: OriginPolicy) -> str | None:
+    """Why a request with these ``Host``/``Origin`` headers is refused, or None if allowed."""
+    if policy.hosts and (not host or not _matches(host.lower(), policy.hosts)):
+        return "Host not allowed"
+    if origin is not None and not _matches(origin.lower(), policy.origins):
+        return "Origin not allowed"
+    return None

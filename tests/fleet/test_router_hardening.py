@@ -105,7 +105,7 @@ async def in_process_router(redis_url: str) -> AsyncIterator[tuple[Router, httpx
     await router.startup()
     transport = httpx.ASGITransport(app=router)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as http:
             yield router, http
     finally:
         await router.shutdown()
@@ -312,3 +312,27 @@ async def test_a_stream_outlives_the_header_and_body_deadlines(
     async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
         result = await client.call_tool("ticker", {"count": 4, "interval": 1.0})
     assert str(result.data) == "ticked 4 times"
+
+
+@pytest.mark.parametrize(
+    ("headers", "refusal"),
+    [
+        ({"host": "evil.example.com", "origin": "http://evil.example.com"}, "Host not allowed"),
+        ({"origin": "http://evil.example.com"}, "Origin not allowed"),
+    ],
+)
+def test_dns_rebinding_is_refused_with_403(
+    impatient_fleet: LocalFleet, headers: dict[str, str], refusal: str
+) -> None:
+    with httpx.Client(timeout=10) as http:
+        resp = http.post(
+            impatient_fleet.url,
+            content=initialize_body("rebinding"),
+            headers={**JSON_HEADERS, **headers},
+        )
+        fine = http.post(
+            impatient_fleet.url, content=initialize_body("local"), headers=JSON_HEADERS
+        )
+    assert resp.status_code == 403, resp.text
+    assert resp.json()["error"]["message"] == f"Forbidden: {refusal}"
+    assert fine.status_code == 200

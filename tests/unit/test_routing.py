@@ -10,6 +10,7 @@ import pytest
 
 from mcpfleet.server.routing import (
     Candidate,
+    OriginPolicy,
     RouteKind,
     classify,
     is_initialize,
@@ -17,6 +18,7 @@ from mcpfleet.server.routing import (
     parses_as_json,
     pick_stateless,
     place_session,
+    refused_origin,
     session_ids,
     valid_session_id,
 )
@@ -139,3 +141,33 @@ def test_session_ids_lists_every_header_occurrence() -> None:
     raw = [(b"Mcp-Session-Id", b"A"), (b"accept", b"*/*"), (b"mcp-session-id", b"B")]
     assert session_ids(raw) == ["A", "B"]
     assert session_ids([(b"accept", b"*/*")]) == []
+
+
+@pytest.mark.parametrize(
+    ("bind", "host", "origin", "refused"),
+    [
+        ("127.0.0.1", "127.0.0.1:8000", None, None),
+        ("127.0.0.1", "localhost:8000", "http://localhost:6274", None),
+        ("127.0.0.1", "[::1]:8000", "http://[::1]:8000", None),
+        ("127.0.0.1", "evil.example.com", None, "Host not allowed"),
+        ("127.0.0.1", "127.0.0.1.evil.example.com:80", None, "Host not allowed"),
+        ("127.0.0.1", "127.0.0.1:8000", "http://evil.example.com", "Origin not allowed"),
+        ("127.0.0.1", None, None, "Host not allowed"),
+        ("0.0.0.0", "mcpfleet-router.ns.svc:8000", None, None),
+        ("0.0.0.0", "anything", "http://evil.example.com", "Origin not allowed"),
+    ],
+)
+def test_origin_policy_refuses_rebinding(
+    bind: str, host: str | None, origin: str | None, refused: str | None
+) -> None:
+    assert refused_origin(host, origin, OriginPolicy.for_bind(bind)) == refused
+
+
+def test_configured_hosts_and_origins_replace_the_defaults() -> None:
+    policy = OriginPolicy.for_bind(
+        "0.0.0.0", hosts=["mcp.example.org", "router:*"], origins=["https://app.example.org"]
+    )
+    assert refused_origin("mcp.example.org", "https://app.example.org", policy) is None
+    assert refused_origin("router:8000", None, policy) is None
+    assert refused_origin("router:http", None, policy) == "Host not allowed"
+    assert refused_origin("127.0.0.1:8000", None, policy) == "Host not allowed"
