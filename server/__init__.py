@@ -2,6 +2,32 @@
 
 Imported as ``mcpfleet.server``; the folder is mapped under the ``mcpfleet``
 namespace so that nothing here shadows a standard-library module.
+
+The public API for FastMCP authors is re-exported here: guard flows that ask
+users for input on both protocol eras (:mod:`mcpfleet.server.guard`).
 """
 
+from mcpfleet.server.guard import (
+    Answers,
+    NextQuestion,
+    Outcome,
+    Question,
+    ask,
+    ask_then,
+    first_missing,
+    is_modern,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Answers",
+    "NextQuestion",
+    "Outcome",
+    "Question",
+    "__version__",
+    "ask",
+    "ask_then",
+    "first_missing",
+    "is_modern",
+]

@@ -1,7 +1,7 @@
 """The example app mcpfleet serves by default: guard tools that ask their users for input.
 
-Every tool serves both protocol eras from one definition (see
-:mod:`mcpfleet.server.example.flows`): on 2026-07-28 it returns an
+Every tool serves both protocol eras from one definition, written against
+mcpfleet's public API (:mod:`mcpfleet.server.guard`): on 2026-07-28 it returns an
 ``InputRequiredResult`` and carries its progress in the sealed
 ``request_state``, so each round may land on any replica; on a handshake-era
 session it calls ``ctx.elicit`` and pauses in the replica that owns the session.
@@ -20,9 +20,11 @@ from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel, Field
 
-from mcpfleet.server.example.flows import Answers, Outcome, Question, ask, first_missing
+from mcpfleet.server import Answers, Outcome, Question, ask_then, first_missing
 
-#: Every replica must use one explicit name: it is also the request-state audience.
+#: The app's name. `mcpfleet serve` replaces its request-state policy with one
+#: over the fleet's shared key ring and one audience for every replica
+#: (`--audience`), so the name need not be unique across a fleet.
 app = FastMCP(
     "mcpfleet-example",
     instructions="Example guard tools: flight booking, meeting planner, confirmations, "
@@ -73,23 +75,23 @@ async def book_flight(
             )
         return None
 
-    outcome = await ask(ctx, next_question)
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    if not outcome.done:
-        return _stopped(outcome, "Booking")
-    answers = outcome.answers
-    try:
-        day = dt.date.fromisoformat(answers["date"])
-    except ValueError:
-        return f"Booking not made: {answers['date']!r} is not a date (YYYY-MM-DD)."
-    if not answers["confirm"]:
-        return "Booking not confirmed; nothing was booked."
-    ref = _reference(destination, day.isoformat(), answers["seat"])
-    return (
-        f"Booked {answers['seat']} to {destination} on {day.isoformat()} "
-        f"for EUR {SEAT_PRICES[answers['seat']]}. Reference {ref}."
-    )
+    def finish(outcome: Outcome) -> str:
+        if not outcome.done:
+            return _stopped(outcome, "Booking")
+        answers = outcome.answers
+        try:
+            day = dt.date.fromisoformat(answers["date"])
+        except ValueError:
+            return f"Booking not made: {answers['date']!r} is not a date (YYYY-MM-DD)."
+        if not answers["confirm"]:
+            return "Booking not confirmed; nothing was booked."
+        ref = _reference(destination, day.isoformat(), answers["seat"])
+        return (
+            f"Booked {answers['seat']} to {destination} on {day.isoformat()} "
+            f"for EUR {SEAT_PRICES[answers['seat']]}. Reference {ref}."
+        )
+
+    return await ask_then(ctx, next_question, finish)
 
 
 # --- meeting planner: steps that depend on earlier answers ------------------------------
@@ -112,21 +114,21 @@ async def plan_meeting(
             return Question("break", "It runs over an hour. Add a 10-minute break?", bool)
         return None
 
-    outcome = await ask(ctx, next_question)
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    if not outcome.done:
-        return _stopped(outcome, "Meeting planning")
-    a = outcome.answers
-    if not a["attendees"]:
-        return "No meeting planned: nobody was invited."
-    if not 5 <= a["minutes"] <= 480:
-        return f"No meeting planned: {a['minutes']} minutes is not between 5 and 480."
-    extra = " with a 10-minute break" if a.get("break") else ""
-    return (
-        f"Planned '{topic}' on {a['day']} for {a['minutes']} minutes{extra} "
-        f"with {', '.join(a['attendees'])}."
-    )
+    def finish(outcome: Outcome) -> str:
+        if not outcome.done:
+            return _stopped(outcome, "Meeting planning")
+        a = outcome.answers
+        if not a["attendees"]:
+            return "No meeting planned: nobody was invited."
+        if not 5 <= a["minutes"] <= 480:
+            return f"No meeting planned: {a['minutes']} minutes is not between 5 and 480."
+        extra = " with a 10-minute break" if a.get("break") else ""
+        return (
+            f"Planned '{topic}' on {a['day']} for {a['minutes']} minutes{extra} "
+            f"with {', '.join(a['attendees'])}."
+        )
+
+    return await ask_then(ctx, next_question, finish)
 
 
 # --- purchase confirmation: one yes/no ---------------------------------------------------
@@ -139,16 +141,16 @@ async def confirm_purchase(
     ctx: Context,
 ) -> str | InputRequiredResult:
     """Ask the user to confirm a purchase before it is made."""
-    outcome = await ask(
-        ctx, first_missing([Question("ok", f"Buy {item} for EUR {amount_eur:.2f}?", bool)])
-    )
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    if not outcome.done:
-        return _stopped(outcome, "Purchase")
-    if not outcome.answers["ok"]:
-        return f"Purchase of {item} not confirmed; nothing was charged."
-    return f"Purchased {item} for EUR {amount_eur:.2f}. Order {_reference(item, amount_eur)}."
+
+    def finish(outcome: Outcome) -> str:
+        if not outcome.done:
+            return _stopped(outcome, "Purchase")
+        if not outcome.answers["ok"]:
+            return f"Purchase of {item} not confirmed; nothing was charged."
+        return f"Purchased {item} for EUR {amount_eur:.2f}. Order {_reference(item, amount_eur)}."
+
+    question = Question("ok", f"Buy {item} for EUR {amount_eur:.2f}?", bool)
+    return await ask_then(ctx, first_missing([question]), finish)
 
 
 # --- multi-select tags -------------------------------------------------------------------
@@ -159,13 +161,17 @@ async def tag_document(
     document: Annotated[str, Field(min_length=1, max_length=200)], ctx: Context
 ) -> str | InputRequiredResult:
     """Let the user pick any number of tags for a document."""
-    outcome = await ask(ctx, first_missing([Question("tags", f"Tags for {document}?", [TAGS])]))
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    if not outcome.done:
-        return _stopped(outcome, "Tagging")
-    tags = sorted(set(outcome.answers["tags"]))
-    return f"Tagged {document} with {', '.join(tags)}." if tags else f"{document} left untagged."
+
+    def finish(outcome: Outcome) -> str:
+        if not outcome.done:
+            return _stopped(outcome, "Tagging")
+        tags = sorted(set(outcome.answers["tags"]))
+        return (
+            f"Tagged {document} with {', '.join(tags)}." if tags else f"{document} left untagged."
+        )
+
+    question = Question("tags", f"Tags for {document}?", [TAGS])
+    return await ask_then(ctx, first_missing([question]), finish)
 
 
 # --- structured form with defaults -------------------------------------------------------
@@ -186,18 +192,20 @@ async def create_task(
     project: Annotated[str, Field(min_length=1, max_length=80)], ctx: Context
 ) -> str | InputRequiredResult:
     """Create a task in a project from a form the user fills in."""
-    outcome = await ask(ctx, first_missing([Question("task", f"New task in {project}", TaskForm)]))
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    if not outcome.done:
-        return _stopped(outcome, "Task creation")
-    task = TaskForm.model_validate(outcome.answers["task"])
-    due = f", due {task.due}" if task.due else ""
-    notify = "notified" if task.notify else "not notified"
-    return (
-        f"Created {task.priority} task '{task.title}' in {project}{due}, "
-        f"{task.estimate_hours}h, assignee {notify}."
-    )
+
+    def finish(outcome: Outcome) -> str:
+        if not outcome.done:
+            return _stopped(outcome, "Task creation")
+        task = TaskForm.model_validate(outcome.answers["task"])
+        due = f", due {task.due}" if task.due else ""
+        notify = "notified" if task.notify else "not notified"
+        return (
+            f"Created {task.priority} task '{task.title}' in {project}{due}, "
+            f"{task.estimate_hours}h, assignee {notify}."
+        )
+
+    question = Question("task", f"New task in {project}", TaskForm)
+    return await ask_then(ctx, first_missing([question]), finish)
 
 
 # --- a prompt and a resource that ask ----------------------------------------------------
@@ -206,29 +214,24 @@ async def create_task(
 @app.prompt
 async def draft_email(recipient: str, ctx: Context) -> str | InputRequiredResult:
     """A prompt for drafting an email; asks which tone to use."""
-    outcome = await ask(
-        ctx,
-        first_missing(
-            [
-                Question(
-                    "tone", f"Tone of the email to {recipient}?", ["formal", "friendly", "brief"]
-                )
-            ]
-        ),
+
+    def finish(outcome: Outcome) -> str:
+        tone = outcome.answers.get("tone", "friendly") if outcome.done else "friendly"
+        return f"Write a {tone} email to {recipient}. Keep it clear and end with a next step."
+
+    question = Question(
+        "tone", f"Tone of the email to {recipient}?", ["formal", "friendly", "brief"]
     )
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    tone = outcome.answers.get("tone", "friendly") if outcome.done else "friendly"
-    return f"Write a {tone} email to {recipient}. Keep it clear and end with a next step."
+    return await ask_then(ctx, first_missing([question]), finish)
 
 
 @app.resource("report://weekly")
 async def weekly_report(ctx: Context) -> str | InputRequiredResult:
     """A weekly report; asks which team it is for."""
-    outcome = await ask(
-        ctx, first_missing([Question("team", "Report for which team?", ["platform", "product"])])
-    )
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    team = outcome.answers.get("team", "platform") if outcome.done else "platform"
-    return f"Weekly report for the {team} team: 12 tasks closed, 3 opened."
+
+    def finish(outcome: Outcome) -> str:
+        team = outcome.answers.get("team", "platform") if outcome.done else "platform"
+        return f"Weekly report for the {team} team: 12 tasks closed, 3 opened."
+
+    question = Question("team", "Report for which team?", ["platform", "product"])
+    return await ask_then(ctx, first_missing([question]), finish)

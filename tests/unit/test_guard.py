@@ -1,0 +1,97 @@
+"""mcpfleet's public guard API (``mcpfleet.server``), in memory, on both protocol eras."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastmcp import Client, Context, FastMCP
+from mcp_types import ElicitResult, InputRequiredResult
+
+import mcpfleet.server
+from fleetkit.publicapp import app
+from mcpfleet.server import Outcome, Question, ask_then, first_missing
+
+ERAS = ["auto", "legacy"]
+REPLIES = {"version": "2.0", "reviewers": 3, "pending": False, "now": True}
+
+
+def _client(target: FastMCP[Any], action: str = "accept") -> Client[Any]:
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        if action != "accept":
+            return ElicitResult(action=action)  # type: ignore[arg-type]
+        value = next(v for k, v in REPLIES.items() if k in message.lower())
+        return response_type(value=value)
+
+    return Client(target, mode="auto", elicitation_handler=handler)
+
+
+def test_the_public_api_is_exported_with_all() -> None:
+    for name in ("Question", "Outcome", "ask", "ask_then", "first_missing", "is_modern"):
+        assert name in mcpfleet.server.__all__
+        assert getattr(mcpfleet.server, name) is getattr(mcpfleet.server.guard, name)
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_answer_keys_never_collide_with_the_state_envelope(mode: str) -> None:
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        value = next(v for k, v in REPLIES.items() if k in message.lower())
+        return response_type(value=value)
+
+    async with Client(app, mode=mode, elicitation_handler=handler) as client:
+        result = await client.call_tool("release", {"project": "atlas"})
+    assert str(result.data) == "atlas 2.0 released with 3 sign-offs"
+
+
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_a_declined_or_cancelled_question_reaches_finish(action: str) -> None:
+    async with _client(app, action) as client:
+        result = await client.call_tool("release", {"project": "atlas"})
+    status = "declined" if action == "decline" else "cancelled"
+    assert str(result.data) == f"release {status} at v"
+
+
+async def test_ask_then_returns_the_input_request_on_the_modern_era() -> None:
+    """Called directly (not through a client), a first modern round yields the question."""
+    probe = FastMCP("probe")
+    seen: list[object] = []
+
+    @probe.tool
+    async def one(ctx: Context) -> str | InputRequiredResult:
+        out = await ask_then(
+            ctx, first_missing([Question("ok", "ok?", bool)]), lambda o: f"done {o.answers}"
+        )
+        seen.append(out)
+        return out
+
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        return response_type(value=True)
+
+    async with Client(probe, mode="auto", elicitation_handler=handler) as client:
+        result = await client.call_tool("one", {})
+    assert str(result.data) == "done {'ok': True}"
+    assert isinstance(seen[0], InputRequiredResult)
+    state = json.loads(seen[0].request_state or "{}")
+    assert state == {"v": 1, "answers": {}, "pending": "ok"}
+
+
+def test_outcome_done_only_when_done() -> None:
+    assert Outcome("done", {}).done
+    assert not Outcome("declined", {}, "k").done
+
+
+def test_state_sealed_before_the_envelope_is_still_read() -> None:
+    """A round sealed by a replica of the previous version, mid rolling update."""
+    from types import SimpleNamespace
+
+    from mcpfleet.server.guard import _restore
+
+    legacy = SimpleNamespace(request_state=json.dumps({"date": "2026-12-24", "_pending": "seat"}))
+    assert _restore(legacy) == ({"date": "2026-12-24"}, "seat")  # type: ignore[arg-type]
+    current = SimpleNamespace(
+        request_state=json.dumps({"v": 1, "answers": {"_pending": 1}, "pending": "x"})
+    )
+    assert _restore(current) == ({"_pending": 1}, "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="answers and a pending key"):
+        _restore(SimpleNamespace(request_state='{"v": 1, "answers": []}'))  # type: ignore[arg-type]
