@@ -5,6 +5,14 @@ constructed, with whatever policy the app was built with (by default an
 ephemeral per-process key, which no other replica could unseal). The fleet
 replaces that boundary with one over the shared, reloadable key ring and one
 audience for every replica, so a token sealed by one replica verifies on all.
+
+FastMCP takes a request-state policy publicly only when a server is built
+(``FastMCP(request_state_security=...)``); a loaded app is already built. So
+:func:`install_codec` replaces the boundary in the low-level server's
+middleware and the attribute FastMCP reads it from: private structure, which
+is why it runs only on the FastMCP minor versions it is tested on
+(:data:`TESTED_FASTMCP`) and refuses any other with a clear error rather than
+serving with a policy that might not be the fleet's.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+import fastmcp
 from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 
@@ -59,10 +68,28 @@ def load_app(spec: str) -> FastMCP[Any]:
     return obj
 
 
+#: FastMCP ``major.minor`` versions whose internals :func:`install_codec` is tested on.
+TESTED_FASTMCP = ("4.2",)
+
+
+def check_fastmcp_version(version: str | None = None) -> None:
+    """Raise RuntimeError unless ``version`` (default: the installed fastmcp's) is one
+    :func:`install_codec` is tested on."""
+    version = version or fastmcp.__version__
+    minor = ".".join(version.split(".")[:2])
+    if minor not in TESTED_FASTMCP:
+        raise RuntimeError(
+            f"fastmcp {version} is not a version mcpfleet is tested on "
+            f"({', '.join(v + '.x' for v in TESTED_FASTMCP)}): the fleet's request-state "
+            "policy cannot be installed safely; install a tested fastmcp"
+        )
+
+
 def install_codec(
     app: FastMCP[Any], codec: ReloadableCodec, *, audience: str, ttl: float
 ) -> RequestStateSecurity:
     """Make ``app`` seal and unseal request state with ``codec`` under ``audience``."""
+    check_fastmcp_version()
     security = RequestStateSecurity(codec=codec, audience=audience, ttl=ttl)
     lowlevel = app._mcp_server
     boundaries = [
