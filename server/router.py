@@ -230,7 +230,9 @@ class Router:
         self.keys = RedisKeys(config.fleet)
         self.health = Health()
         self.redis = connect(config.redis_url)
-        self.view = ReplicaView(self.redis, self.keys, self.health)
+        self.view = ReplicaView(
+            self.redis, self.keys, self.health, absent_limit=config.owner_absent_limit
+        )
         self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
         self.metrics = RouterMetrics()
         self.origin_policy = OriginPolicy.for_bind(
@@ -410,7 +412,7 @@ class Router:
                 return "unavailable"
             await _respond(send, 404, _error(-32600, "Session not found"))
             return "client_error"
-        address = self.view.owner_address(owner, self.config.owner_absent_limit)
+        address = self.view.owner_address(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
             return await self._owner_gone(send, session, owner, "deregistered")

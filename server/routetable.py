@@ -60,6 +60,77 @@ class Health:
         self.degraded, self.reason = False, ""
 
 
+@dataclass(frozen=True)
+class ViewState:
+    """Everything a router knows about the replicas, as plain data.
+
+    Bounded: every table is keyed by replicas in the registry, or missing
+    from it for less than a grace or the owner-absent limit; nothing keeps a
+    name forever. No wall clock of another machine is compared with this
+    one's: the replicas' heartbeats are only compared with each other, and
+    the local times here are monotonic.
+    """
+
+    replicas: dict[str, Attestation] = field(default_factory=dict)
+    #: When (monotonic) a replica was first missed from the registry.
+    missing: dict[str, float] = field(default_factory=dict)
+    #: Replicas whose connection was refused: the heartbeat of the record then.
+    dead: dict[str, float] = field(default_factory=dict)
+    #: Where, and when (monotonic), each replica was last in the registry.
+    last_seen: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: How many distinct attestations of each replica this router has seen.
+    generation: dict[str, int] = field(default_factory=dict)
+    #: Sessions this router placed, per replica: the generation at each placement.
+    placed: dict[str, list[int]] = field(default_factory=dict)
+
+
+#: A placement is counted until this many newer attestations of its replica
+#: arrived: the first may have been published before the session existed,
+#: the second a heartbeat later, after it.
+PLACEMENT_GENERATIONS = 2
+
+
+def merge_registry(
+    state: ViewState,
+    registry: dict[str, Attestation],
+    now: float,
+    *,
+    missing_grace: float,
+    absent_limit: float,
+) -> ViewState:
+    """The view after reading ``registry`` at monotonic time ``now`` (pure)."""
+    merged: dict[str, Attestation] = {}
+    dead: dict[str, float] = {}
+    last_seen = {n: seen for n, seen in state.last_seen.items() if now - seen[1] < absent_limit}
+    generation: dict[str, int] = {}
+    for name, att in registry.items():
+        refused_at = state.dead.get(name)
+        if refused_at is not None and att.heartbeat <= refused_at:
+            dead[name] = refused_at  # the record predates the refused connection
+            continue
+        merged[name] = att
+        last_seen[name] = (att.address, now)
+        before = state.replicas.get(name)
+        bump = before is None or before.heartbeat != att.heartbeat
+        generation[name] = state.generation.get(name, 0) + (1 if bump else 0)
+    missing: dict[str, float] = {}
+    for name, att in state.replicas.items():
+        if name in merged or name in dead:
+            continue
+        since = state.missing.get(name, now)
+        if now - since < missing_grace:
+            merged[name] = att
+            missing[name] = since
+            generation[name] = state.generation.get(name, 0)
+    placed: dict[str, list[int]] = {}
+    for name, gens in state.placed.items():
+        current = generation.get(name)
+        fresh = [g for g in gens if current is not None and current - g < PLACEMENT_GENERATIONS]
+        if fresh:
+            placed[name] = fresh
+    return ViewState(merged, missing, dead, last_seen, generation, placed)
+
+
 @dataclass
 class ReplicaView:
     """The replicas a router routes to, refreshed from the registry.
@@ -68,22 +139,22 @@ class ReplicaView:
     seconds (longer than one heartbeat): a Redis that restarted empty loses
     every record at once, and the replicas write theirs back within a
     heartbeat. One whose connection was refused is dropped at once and stays
-    dropped until it heart-beats again.
+    dropped until it heart-beats again. The merge itself is
+    :func:`merge_registry`, a pure function.
     """
 
     client: aioredis.Redis
     keys: RedisKeys
     health: Health
     missing_grace: float = 2.0
-    replicas: dict[str, Attestation] = field(default_factory=dict)
+    absent_limit: float = 10.0
+    state: ViewState = field(default_factory=ViewState)
     inflight: dict[str, int] = field(default_factory=dict)
-    #: Wall-clock times of sessions this router placed, per replica, until an
-    #: attestation newer than the placement counts them.
-    placed: dict[str, list[float]] = field(default_factory=dict)
     refreshed: float = 0.0
-    _missing: dict[str, float] = field(default_factory=dict)
-    _dead: dict[str, float] = field(default_factory=dict)
-    _last_seen: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    @property
+    def replicas(self) -> dict[str, Attestation]:
+        return self.state.replicas
 
     async def refresh(self) -> None:
         try:
@@ -93,68 +164,55 @@ class ReplicaView:
             return
         self.health.ok()
         now = time.monotonic()
-        merged: dict[str, Attestation] = {}
-        for name, att in registry.items():
-            if name in self._dead and att.heartbeat <= self._dead[name]:
-                continue  # the record predates the refused connection
-            self._dead.pop(name, None)
-            merged[name] = att
-            self._last_seen[name] = (att.address, now)
-        for name, att in self.replicas.items():
-            if name in merged or name in self._dead:
-                continue
-            if now - self._missing.setdefault(name, now) < self.missing_grace:
-                merged[name] = att
-        self._missing = {
-            n: t for n, t in self._missing.items() if n in merged and n not in registry
-        }
-        self.replicas = merged
-        for name, times in list(self.placed.items()):
-            current = merged.get(name)
-            fresh = [t for t in times if current is not None and t >= current.heartbeat]
-            if fresh:
-                self.placed[name] = fresh
-            else:
-                del self.placed[name]
+        self.state = merge_registry(
+            self.state,
+            registry,
+            now,
+            missing_grace=self.missing_grace,
+            absent_limit=self.absent_limit,
+        )
+        # Requests in flight are counted per name while they run; idle names go.
+        self.inflight = {n: c for n, c in self.inflight.items() if c or n in self.replicas}
         self.refreshed = now
 
     def note_placement(self, name: str) -> None:
-        """Count a session placed on ``name`` until its attestation includes it."""
-        self.placed.setdefault(name, []).append(time.time())
+        """Count a session placed on ``name`` until its attestations include it."""
+        self.state.placed.setdefault(name, []).append(self.state.generation.get(name, 0))
 
     def get(self, name: str) -> Attestation | None:
-        return self.replicas.get(name)
+        return self.state.replicas.get(name)
 
-    def owner_address(self, name: str, absent_limit: float) -> str | None:
+    def owner_address(self, name: str) -> str | None:
         """Where a session's owner was last seen, unless it is known dead or long gone.
 
         An owner missing from the registry for less than ``absent_limit`` seconds
         may be alive but late with its heartbeat (an overloaded event loop); the
         router then asks it directly, and a refused connection settles it.
         """
-        att = self.replicas.get(name)
+        att = self.state.replicas.get(name)
         if att is not None:
             return att.address
-        seen = self._last_seen.get(name)
-        if seen is None or name in self._dead:
+        seen = self.state.last_seen.get(name)
+        if seen is None or name in self.state.dead:
             return None
         address, at = seen
-        return address if time.monotonic() - at < absent_limit else None
+        return address if time.monotonic() - at < self.absent_limit else None
 
     def forget(self, name: str) -> None:
         """Drop a replica seen dead (refused connection) until it heart-beats again."""
-        att = self.replicas.pop(name, None)
+        att = self.state.replicas.pop(name, None)
+        self.state.last_seen.pop(name, None)
         if att is not None:
-            self._dead[name] = att.heartbeat
+            self.state.dead[name] = att.heartbeat
 
     def serving(self, exclude: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
         return [
             Candidate(
                 name=a.name,
-                sessions=a.sessions + len(self.placed.get(a.name, ())),
+                sessions=a.sessions + len(self.state.placed.get(a.name, ())),
                 inflight=self.inflight.get(a.name, 0),
             )
-            for a in self.replicas.values()
+            for a in self.state.replicas.values()
             if a.state == "serving" and a.name not in exclude
         ]
 

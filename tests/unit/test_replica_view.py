@@ -9,7 +9,7 @@ import pytest
 
 from mcpfleet.server import routetable
 from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.routetable import Health, ReplicaView
+from mcpfleet.server.routetable import Health, ReplicaView, ViewState, merge_registry
 
 
 def _att(name: str, heartbeat: float, state: str = "serving") -> Attestation:
@@ -104,7 +104,44 @@ async def test_placements_count_until_an_attestation_includes_them(view: View) -
     v.note_placement("a")
     await v.refresh()  # the attestations predate the placements: still counted
     assert {c.name: c.sessions for c in v.serving()} == {"a": 2, "b": 0}
-    later = time.time() + 1
-    registry["value"] = {"a": _att("a", later), "b": _att("b", later)}
+    registry["value"] = {"a": _att("a", 2), "b": _att("b", 2)}
+    await v.refresh()  # one newer record may have been published before the session existed
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 2, "b": 0}
+    registry["value"] = {"a": _att("a", 3), "b": _att("b", 3)}
     await v.refresh()
     assert {c.name: c.sessions for c in v.serving()} == {"a": 0, "b": 0}
+
+
+async def test_placements_ignore_the_replicas_wall_clock(view: View) -> None:
+    """A replica whose clock is hours behind (or ahead) still has its placements settle."""
+    v, registry, _ = view
+    for skew in (-7200.0, 7200.0):
+        registry["value"] = {"a": _att("a", time.time() + skew)}
+        await v.refresh()
+        v.note_placement("a")
+        for step in (1, 2):
+            registry["value"] = {"a": _att("a", time.time() + skew + step)}
+            await v.refresh()
+        assert {c.name: c.sessions for c in v.serving()} == {"a": 0}, skew
+
+
+def test_the_merge_keeps_every_table_bounded_as_replicas_come_and_go() -> None:
+    """A thousand pod names over time: the view only remembers the live and recently gone."""
+    state = ViewState()
+    now = 0.0
+    for i in range(1000):
+        now += 1.0
+        registry = {f"pod-{j}": _att(f"pod-{j}", now) for j in range(i, i + 3)}
+        state = merge_registry(state, registry, now, missing_grace=2.0, absent_limit=10.0)
+        state.dead[f"pod-{i}"] = now  # refused, then its record expires
+        state.placed.setdefault(f"pod-{i + 1}", []).append(state.generation[f"pod-{i + 1}"])
+    for table in (state.replicas, state.missing, state.dead, state.generation, state.placed):
+        assert len(table) <= 5, table
+    assert len(state.last_seen) <= 13, "kept only within the owner-absent limit"
+
+
+def test_the_merge_is_pure() -> None:
+    before = ViewState(replicas={"a": _att("a", 1)}, generation={"a": 1})
+    after = merge_registry(before, {"a": _att("a", 2)}, 5.0, missing_grace=2.0, absent_limit=10.0)
+    assert before.replicas["a"].heartbeat == 1 and before.generation == {"a": 1}
+    assert after.generation == {"a": 2} and after.last_seen == {"a": ("http://a", 5.0)}
