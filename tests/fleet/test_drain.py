@@ -194,6 +194,8 @@ async def test_rolling_restart_of_every_replica_under_load_loses_no_session(
             try:
                 async with connect(lf.url, "handshake") as client:
                     result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
+                if not str(result.data).startswith(f"Planned 'R{n}'"):
+                    failed.append(f"handshake: not a plan: {result.data}")
                 done.append(str(result.data))
             except Exception as exc:
                 failed.append(f"handshake {type(exc).__name__}: {exc}")
@@ -202,7 +204,9 @@ async def test_rolling_restart_of_every_replica_under_load_loses_no_session(
         async with connect(lf.url, "modern") as client:
             while not stop.is_set():
                 try:
-                    await client.call_tool("book_flight", {"destination": "Kyiv"})
+                    result = await client.call_tool("book_flight", {"destination": "Kyiv"})
+                    if not str(result.data).startswith("Booked economy to Kyiv"):
+                        failed.append(f"modern: not a booking: {result.data}")
                     done.append("modern")
                 except Exception as exc:
                     failed.append(f"modern {type(exc).__name__}: {exc}")

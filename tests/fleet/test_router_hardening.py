@@ -63,19 +63,32 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 class FakeReplica:
-    """A replica that answers the first request on a connection, then resets the connection
-    on the next one and stops listening: a process that died between two requests."""
+    """A scripted replica speaking raw HTTP/1.1. With ``die_after=1`` it answers the first
+    request on a connection, then resets the connection on the next one and stops
+    listening: a process that died between two requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, die_after: int | None = 1) -> None:
+        self.die_after = die_after
         self.requests = 0
+        self.heads: list[bytes] = []
         self.server: asyncio.Server | None = None
         self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
 
-    async def start(self) -> None:
+    async def __aenter__(self) -> FakeReplica:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self._writers:
+            writer.close()
+        await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             length = 0
@@ -84,7 +97,8 @@ class FakeReplica:
                     length = int(line.split(b":", 1)[1])
             await reader.readexactly(length)
             self.requests += 1
-            if self.requests > 1:
+            self.heads.append(head.lower())
+            if self.die_after is not None and self.requests > self.die_after:
                 assert self.server is not None
                 self.server.close()  # a fresh connection is now refused
                 sock = writer.get_extra_info("socket")
@@ -166,21 +180,40 @@ async def test_two_session_ids_are_refused_before_any_lookup_and_drop_nothing(
 async def test_a_reset_pooled_connection_to_a_dead_owner_gets_404_at_once(redis_url: str) -> None:
     """The first request leaves a keep-alive connection in the pool; the owner then dies.
     The reset on that stale connection is retried fresh, refused, and answered 404."""
-    fake = FakeReplica()
-    await fake.start()
-    _register(redis_url, "pooled", f"http://127.0.0.1:{fake.port}", session="pooled-session")
-    async with in_process_router(redis_url) as (_, http):
-        first = await http.post(
-            "/mcp", content=b"{}", headers={**JSON_HEADERS, "mcp-session-id": "pooled-session"}
-        )
-        assert first.status_code == 200
-        second = await http.post(
-            "/mcp", content=b"{}", headers={**JSON_HEADERS, "mcp-session-id": "pooled-session"}
-        )
+    async with FakeReplica() as fake:
+        _register(redis_url, "pooled", f"http://127.0.0.1:{fake.port}", session="pooled-session")
+        async with in_process_router(redis_url) as (_, http):
+            headers = {**JSON_HEADERS, "mcp-session-id": "pooled-session"}
+            first = await http.post("/mcp", content=b"{}", headers=headers)
+            assert first.status_code == 200
+            second = await http.post("/mcp", content=b"{}", headers=headers)
     assert fake.requests == 2, "the second request reached the stale connection"
     assert second.status_code == 404, second.text
     assert second.json()["error"]["message"] == "Session not found"
     assert not _session_known(redis_url, "pooled-session")
+
+
+async def test_a_client_cannot_set_the_headers_only_fleet_components_set(
+    redis_url: str,
+) -> None:
+    """X-Mcpfleet-Replica (and the draining and router-error marks) never reach a replica."""
+    forged = {
+        "x-mcpfleet-replica": "replica-0",
+        "x-mcpfleet-draining": "1",
+        "x-mcpfleet-router-error": "1",
+    }
+    async with FakeReplica(die_after=None) as fake:
+        _register(redis_url, "spoofed", f"http://127.0.0.1:{fake.port}", session="spoof-session")
+        async with in_process_router(redis_url) as (_, http):
+            resp = await http.post(
+                "/mcp",
+                content=b"{}",
+                headers={**JSON_HEADERS, **forged, "mcp-session-id": "spoof-session"},
+            )
+    assert resp.status_code == 200 and fake.requests == 1
+    for name in forged:
+        assert name.encode() not in fake.heads[0], f"{name} reached the replica"
+    assert b"mcp-session-id: spoof-session" in fake.heads[0], "the rest was forwarded"
 
 
 @pytest.fixture

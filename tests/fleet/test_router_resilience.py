@@ -16,7 +16,7 @@ import redis
 
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.server.contract import RedisKeys
+from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
 from mcpfleet.server.demo import Trace, connect, default_answer
 from mcpfleet.server.devfleet import LocalFleet, wait_for
 
@@ -293,6 +293,8 @@ def test_a_session_of_another_fleet_is_not_found(fresh_fleet: LocalFleet) -> Non
         lf.url, content=LIST, timeout=5, headers={**HEADERS, "mcp-session-id": "feedfacefeedface"}
     )
     assert resp.status_code == 404
+    assert resp.headers.get(ROUTER_ERROR_HEADER) == "1", "the router answered"
+    assert REPLICA_HEADER not in resp.headers, "no replica was asked"
 
 
 def test_unknown_protocol_version_is_answered_and_nothing_else_is_disturbed(

@@ -61,3 +61,19 @@ def test_idle_sessions_are_forgotten_and_idle_means_no_request_and_no_session() 
     assert not state.idle(now=106.0)
     state.inflight, state.streams = 0, 3
     assert state.idle(now=106.0), "listening GET streams never hold a drain"
+
+
+async def test_a_listening_get_counts_as_a_stream_not_a_request_in_flight() -> None:
+    state = GateState(name="r2")
+    seen: list[tuple[int, int]] = []
+
+    async def listening(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append((state.streams, state.inflight))
+        await fake_mcp(scope, receive, send)
+
+    transport = httpx.ASGITransport(app=ReplicaGate(listening, state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
+        await http.get("/mcp", headers={"mcp-session-id": "s-1"})
+        await http.post("/mcp", content=b"{}", headers={"mcp-session-id": "s-1"})
+    assert seen == [(1, 0), (0, 1)]
+    assert (state.streams, state.inflight) == (0, 0)
