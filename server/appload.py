@@ -25,8 +25,7 @@ from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 
 from mcpfleet.server.codec import ReloadableCodec
-
-DEFAULT_APP = "mcpfleet.server.example.app:app"
+from mcpfleet.server.config import DEFAULT_APP as DEFAULT_APP  # re-exported: its old home
 
 
 class AppLoadError(Exception):

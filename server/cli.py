@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mcpfleet.server import __version__
-from mcpfleet.server.appload import DEFAULT_APP, AppLoadError
-from mcpfleet.server.contract import DEFAULT_FLEET, check_fleet_name
+from mcpfleet.server.appload import AppLoadError
+from mcpfleet.server.config import DEFAULT_APP, ReplicaConfig, RouterConfig
+from mcpfleet.server.contract import check_fleet_name
 
 log = logging.getLogger("mcpfleet")
 
@@ -67,33 +68,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=os.environ.get("MCPFLEET_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
 
+    # Every default comes from the config dataclasses (mcpfleet.server.config).
+    rep, rtr = ReplicaConfig, RouterConfig
     s = sub.add_parser("serve", help="run one replica of a FastMCP app")
-    s.add_argument("--app", default=DEFAULT_APP, help="the FastMCP server, as module:attribute")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=_port, default=8001)
+    s.add_argument("--app", default=rep.app, help="the FastMCP server, as module:attribute")
+    s.add_argument("--host", default=rep.host)
+    s.add_argument("--port", type=_port, default=rep.port)
     s.add_argument("--keys", type=Path, required=True, help="key ring directory (a Secret volume)")
     s.add_argument("--redis", type=_redis_url, help="Redis URL for the registry (omit: standalone)")
     s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
     s.add_argument("--advertise", default="", help="URL other components reach this replica at")
-    s.add_argument("--fleet", type=_fleet, default=DEFAULT_FLEET)
+    s.add_argument("--fleet", type=_fleet, default=rep.fleet)
     s.add_argument("--audience", default="", help="request-state audience (default: from --app)")
-    s.add_argument("--state-ttl", type=_positive, default=600.0, help="request-state token TTL, s")
-    s.add_argument("--drain-timeout", type=_positive, default=30.0)
-    s.add_argument("--heartbeat", type=_positive, default=1.0)
-    s.add_argument("--heartbeat-ttl", type=_positive, default=3.0)
+    s.add_argument("--state-ttl", type=_positive, default=rep.state_ttl, help="token TTL, s")
+    s.add_argument("--drain-timeout", type=_positive, default=rep.drain_timeout)
+    s.add_argument(
+        "--session-idle",
+        type=_positive,
+        default=rep.session_idle,
+        help="s an idle handshake session lives; must equal the router's --session-ttl",
+    )
+    s.add_argument("--heartbeat", type=_positive, default=rep.heartbeat_interval)
+    s.add_argument("--heartbeat-ttl", type=_positive, default=rep.heartbeat_ttl)
 
     r = sub.add_parser("router", help="run the sticky router")
-    r.add_argument("--host", default="127.0.0.1")
-    r.add_argument("--port", type=_port, default=8000)
+    r.add_argument("--host", default=rtr.host)
+    r.add_argument("--port", type=_port, default=rtr.port)
     r.add_argument("--redis", type=_redis_url, required=True)
-    r.add_argument("--fleet", type=_fleet, default=DEFAULT_FLEET)
-    r.add_argument("--session-ttl", type=_positive, default=1800.0)
+    r.add_argument("--fleet", type=_fleet, default=rtr.fleet)
+    r.add_argument(
+        "--session-ttl",
+        type=_positive,
+        default=rtr.session_ttl,
+        help="s an idle session's route lives; must equal the replicas' --session-idle",
+    )
     r.add_argument("--session-cap", type=int, default=None, help="max sessions per replica")
-    r.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
-    r.add_argument("--max-header-bytes", type=int, default=16 * 1024)
-    r.add_argument("--header-timeout", type=_positive, default=10.0, help="s to send headers")
-    r.add_argument("--body-timeout", type=_positive, default=30.0, help="s to send a body")
-    r.add_argument("--max-connections", type=int, default=10000, help="503 beyond this")
+    r.add_argument("--max-body-bytes", type=int, default=rtr.max_body_bytes)
+    r.add_argument("--max-header-bytes", type=int, default=rtr.max_header_bytes)
+    r.add_argument("--header-timeout", type=_positive, default=rtr.header_timeout)
+    r.add_argument("--body-timeout", type=_positive, default=rtr.body_timeout)
+    r.add_argument("--max-connections", type=int, default=rtr.max_connections)
     r.add_argument(
         "--allowed-host",
         action="append",
@@ -163,7 +177,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
         )
         from mcpfleet.server.keydir import write_ring
         from mcpfleet.server.keyring import KeyRing
-        from mcpfleet.server.replica import ReplicaConfig, run_replica
+        from mcpfleet.server.replica import run_replica
 
         write_ring(work / "keys", KeyRing.generate())
         print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{port}/mcp", flush=True)
@@ -221,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             from mcpfleet.server.keyring import KeyRingError
-            from mcpfleet.server.replica import ReplicaConfig, run_replica
+            from mcpfleet.server.replica import run_replica
 
             try:
                 run_replica(
@@ -237,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         audience=args.audience,
                         state_ttl=args.state_ttl,
                         drain_timeout=args.drain_timeout,
+                        session_idle=args.session_idle,
                         heartbeat_interval=args.heartbeat,
                         heartbeat_ttl=args.heartbeat_ttl,
                     )
@@ -244,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyRingError as exc:
                 raise UsageError(f"no valid key ring: {exc}") from None
         elif args.command == "router":
-            from mcpfleet.server.router import RouterConfig, run_router
+            from mcpfleet.server.router import run_router
 
             run_router(
                 RouterConfig(

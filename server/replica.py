@@ -17,25 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from mcpfleet.server.appload import DEFAULT_APP, install_codec, load_app
+from mcpfleet.server.appload import install_codec, load_app
 from mcpfleet.server.codec import ReloadableCodec
+from mcpfleet.server.config import ReplicaConfig
 from mcpfleet.server.contract import (
-    DEFAULT_FLEET,
-    HEARTBEAT_INTERVAL,
-    HEARTBEAT_TTL,
     MCP_PATH,
     Attestation,
     RedisKeys,
@@ -50,35 +45,6 @@ log = logging.getLogger("mcpfleet.replica")
 
 #: Seconds an idle keep-alive connection to a replica stays open.
 REPLICA_KEEPALIVE = 75
-
-
-@dataclass
-class ReplicaConfig:
-    keys_dir: Path
-    app: str = DEFAULT_APP
-    host: str = "127.0.0.1"
-    port: int = 8001
-    name: str = ""
-    advertise: str = ""
-    redis_url: str | None = None
-    fleet: str = DEFAULT_FLEET
-    audience: str = ""
-    state_ttl: float = 600.0
-    drain_timeout: float = 30.0
-    session_idle: float = 1800.0
-    heartbeat_interval: float = HEARTBEAT_INTERVAL
-    heartbeat_ttl: float = HEARTBEAT_TTL
-
-    def resolved_name(self) -> str:
-        return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"
-
-    def resolved_address(self) -> str:
-        if self.advertise:
-            return self.advertise.rstrip("/")
-        host = self.host
-        if host in ("0.0.0.0", "::", ""):
-            host = os.environ.get("POD_IP") or "127.0.0.1"
-        return f"http://{host}:{self.port}"
 
 
 class Replica:

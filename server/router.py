@@ -26,14 +26,13 @@ import errno
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
+from mcpfleet.server.config import RouterConfig
 from mcpfleet.server.contract import (
-    DEFAULT_FLEET,
     DRAINING_HEADER,
     REPLICA_HEADER,
     ROUTER_ERROR_HEADER,
@@ -93,35 +92,6 @@ class Failure(enum.StrEnum):
     def nothing_processed(self) -> bool:
         """True if the replica certainly did no work: the request may go elsewhere."""
         return self in (Failure.REFUSED, Failure.TIMEOUT, Failure.DRAINING)
-
-
-@dataclass
-class RouterConfig:
-    redis_url: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    fleet: str = DEFAULT_FLEET
-    refresh_interval: float = 0.5
-    session_ttl: float = 1800.0
-    session_cap: int | None = None
-    max_body_bytes: int = 4 * 1024 * 1024
-    max_header_bytes: int = 16 * 1024
-    connect_timeout: float = 3.0
-    #: How long a client may take to send a request's headers, then its body.
-    #: Responses (streams) are never bounded.
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    #: Connections (and requests in flight) the router holds at once; past it,
-    #: new ones get 503 at once rather than queueing.
-    max_connections: int = 10000
-    #: DNS-rebinding protection (see routing.OriginPolicy.for_bind): empty means
-    #: loopback names for a loopback bind, else any Host and no browser Origin.
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    #: How long a session's owner may be absent from the registry (a late
-    #: heartbeat) before the router stops trying its last known address.
-    owner_absent_limit: float = 10.0
-    attempts: int = 3
 
 
 def _error(code: int, message: str) -> bytes:

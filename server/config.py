@@ -1,0 +1,84 @@
+"""The settings of a replica and of a router: the one source of their defaults.
+
+Plain dataclasses with no I/O and no heavy imports, so the command line
+derives every flag's default from them (``mcpfleet serve --help`` shows what
+the code uses) and a deployment reads one place to see what a value means.
+Values that two components must agree on say so: a replica's session idle
+time is the router's session TTL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcpfleet.server.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
+
+#: The app ``mcpfleet serve`` runs when no ``--app`` is given.
+DEFAULT_APP = "mcpfleet.server.example.app:app"
+
+#: How long an idle handshake-era session lives: the replica forgets it, and
+#: the router's routing entry expires, after this long without a request.
+SESSION_IDLE = 1800.0
+
+
+@dataclass
+class ReplicaConfig:
+    keys_dir: Path
+    app: str = DEFAULT_APP
+    host: str = "127.0.0.1"
+    port: int = 8001
+    name: str = ""
+    advertise: str = ""
+    redis_url: str | None = None
+    fleet: str = DEFAULT_FLEET
+    audience: str = ""
+    state_ttl: float = 600.0
+    drain_timeout: float = 30.0
+    #: Must equal the routers' ``session_ttl``.
+    session_idle: float = SESSION_IDLE
+    heartbeat_interval: float = HEARTBEAT_INTERVAL
+    heartbeat_ttl: float = HEARTBEAT_TTL
+
+    def resolved_name(self) -> str:
+        return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"
+
+    def resolved_address(self) -> str:
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = os.environ.get("POD_IP") or "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+
+@dataclass
+class RouterConfig:
+    redis_url: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    fleet: str = DEFAULT_FLEET
+    refresh_interval: float = 0.5
+    #: Must equal the replicas' ``session_idle``.
+    session_ttl: float = SESSION_IDLE
+    session_cap: int | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_header_bytes: int = 16 * 1024
+    connect_timeout: float = 3.0
+    #: How long a client may take to send a request's headers, then its body.
+    #: Responses (streams) are never bounded.
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    #: Connections (and requests in flight) the router holds at once; past it,
+    #: new ones get 503 at once rather than queueing.
+    max_connections: int = 10000
+    #: DNS-rebinding protection (see routing.OriginPolicy.for_bind): empty means
+    #: loopback names for a loopback bind, else any Host and no browser Origin.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    #: How long a session's owner may be absent from the registry (a late
+    #: heartbeat) before the router stops trying its last known address.
+    owner_absent_limit: float = 10.0
+    attempts: int = 3
