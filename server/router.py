@@ -55,8 +55,9 @@ from mcpfleet.server.routing import (
 
 log = logging.getLogger("mcpfleet.router")
 
-#: Headers that describe one hop, never forwarded (RFC 9110 section 7.6.1), plus
-#: the replica header, which only a replica may set.
+#: Headers that describe one hop, never forwarded (RFC 9110 section 7.6.1), and
+#: ``host``, which names the router; the upstream client sets the replica's own.
+#: Headers only fleet components may set are in ``_CLIENT_MAY_NOT_SET``.
 HOP_BY_HOP = frozenset(
     {
         "connection",
