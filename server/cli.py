@@ -165,6 +165,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     import shutil
 
     from mcpfleet.server.devfleet import FleetError, LocalFleet
+    from mcpfleet.server.devsupervisor import Supervisor
 
     if replicas < 1:
         raise UsageError("--replicas must be at least 1")
@@ -212,13 +213,11 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
         f"  try: mcpfleet demo --url {fleet.url} --era modern   (Ctrl-C stops the fleet)",
         flush=True,
     )
+    supervisor = Supervisor(fleet, say=lambda line: print(f"mcpfleet dev: {line}", flush=True))
     try:
         while not stop:
-            dead = [m.name for m in fleet.members.values() if not m.proc.alive]
-            if dead:
-                print(f"replica(s) exited: {', '.join(dead)}; stopping", file=sys.stderr)
-                break
-            time.sleep(0.5)
+            supervisor.tick(time.monotonic())
+            time.sleep(0.25)
     finally:
         print("stopping the fleet", flush=True)
         fleet.stop()

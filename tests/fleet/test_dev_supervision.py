@@ -1,0 +1,129 @@
+"""``mcpfleet dev`` behaves like a Deployment: what dies comes back, and says so."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetkit.fleet import require_redis
+from fleetkit.wire import initialize_body, modern_call
+from mcpfleet.server.devfleet import free_port, mcpfleet_argv, wait_for
+
+
+class Dev:
+    """A running ``mcpfleet dev`` and everything it printed."""
+
+    def __init__(self, workdir: Path, port: int) -> None:
+        env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            mcpfleet_argv("dev", "--port", str(port), "--workdir", str(workdir)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.url = f"http://127.0.0.1:{port}/mcp"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    def said(self, pattern: str) -> re.Match[str] | None:
+        return next((m for line in self.lines if (m := re.search(pattern, line))), None)
+
+    def wait_said(self, pattern: str, timeout: float) -> re.Match[str]:
+        wait_for(
+            f"`mcpfleet dev` to print /{pattern}/", lambda: self.said(pattern) is not None, timeout
+        )
+        found = self.said(pattern)
+        assert found is not None
+        return found
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[Dev]:
+    require_redis()
+    running = Dev(tmp_path / "dev", free_port())
+    try:
+        yield running
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(running.proc.pid, signal.SIGINT)
+        try:
+            running.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.proc.pid, signal.SIGKILL)
+            running.proc.wait(10)
+        running.reader.join(10)
+        assert running.proc.stdout is not None
+        running.proc.stdout.close()
+        print("\n".join(running.lines[-60:]))
+
+
+def _pids(match: str) -> list[int]:
+    """Pids of processes whose command line contains ``match``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+                if match.encode() in cmdline:
+                    found.append(int(entry))
+    return found
+
+
+def _serving(url: str) -> int:
+    return int(httpx.get(url.replace("/mcp", "/readyz"), timeout=2).json()["serving"])
+
+
+@pytest.mark.timeout(180)
+def test_dev_restarts_a_killed_replica_and_redis_and_keeps_answering(dev: Dev) -> None:
+    dev.wait_said(r"behind the router at", 90)
+    redis_port = dev.wait_said(r"redis redis://127\.0\.0\.1:(\d+)/0", 5).group(1)
+    workdir = str(Path(dev.said(r"logs in (\S+)").group(1)))  # type: ignore[union-attr]
+    wait_for("3 serving replicas", lambda: _serving(dev.url) == 3, 30)
+
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    opened = httpx.post(dev.url, content=initialize_body("dev-chaos"), headers=headers, timeout=10)
+    session, owner = opened.headers["mcp-session-id"], opened.headers["x-mcpfleet-replica"]
+
+    keys = f"{workdir}/keys --redis redis://127.0.0.1:{redis_port}/0"
+    (replica,) = _pids(f"--keys {keys} --name {owner} ")
+    (redis,) = _pids(f"redis-server 127.0.0.1:{redis_port}")
+    os.kill(replica, signal.SIGKILL)
+    os.kill(redis, signal.SIGKILL)
+
+    answered = [
+        modern_call(dev.url, "confirm_purchase", {"item": "pen", "amount_eur": 2}).status
+        for _ in range(10)
+    ]
+    assert answered == [200] * 10, "the other replicas answer while one is down"
+    ping = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    gone = httpx.post(dev.url, content=ping, headers={**headers, "mcp-session-id": session})
+    assert gone.status_code == 404, "the killed owner's session is gone: the client re-initializes"
+    reopened = httpx.post(dev.url, content=initialize_body("again"), headers=headers, timeout=10)
+    assert reopened.status_code == 200, "a new session opens at once"
+
+    dev.wait_said(rf"{owner} exited \(status -9\)", 10)
+    dev.wait_said(r"redis-server exited", 10)
+    dev.wait_said(rf"{owner} restarted on port \d+", 30)
+    dev.wait_said(r"redis-server restarted, empty", 30)
+    wait_for("all 3 replicas serving again", lambda: _serving(dev.url) == 3, 60)
+    assert dev.proc.poll() is None, "the fleet stayed up"
+    again = modern_call(dev.url, "confirm_purchase", {"item": "tea", "amount_eur": 3})
+    assert again.status == 200
