@@ -80,6 +80,35 @@ _CLIENT_MAY_NOT_SET = frozenset(
 _REPLACED_BY_ROUTER = frozenset({"date", "server"})
 
 
+class Outcome(enum.StrEnum):
+    """How the router ended a request: the ``outcome`` label of ``mcpfleet_router_requests_total``.
+
+    A :class:`Failure` of the last forward attempt is an outcome too.
+    """
+
+    OK = "ok"  # relayed a 1xx-3xx answer
+    CLIENT_ERROR = "client_error"  # relayed (or, for an unknown session, made) a 4xx
+    UPSTREAM_ERROR = "upstream_error"  # relayed a 5xx
+    REJECTED = "rejected"  # refused by the router: bad or hostile input
+    OWNER_GONE = "owner_gone"  # the session's owner is gone: the spec's 404
+    UNAVAILABLE = "unavailable"  # the owner or the session directory cannot answer now
+    NO_REPLICA = "no_replica"  # no serving replica (or all at their session cap)
+
+
+class OwnerGone(enum.StrEnum):
+    """Why a session's owner counts as gone: the ``reason`` of ``owner_gone_total``."""
+
+    DEREGISTERED = "deregistered"  # known dead, or absent from the registry too long
+    REFUSED = "refused"  # its address refused the connection
+    UNKNOWN_TO_OWNER = "unknown_to_owner"  # it answered that it no longer has the session
+
+
+class Route(enum.StrEnum):
+    """The ``route`` label: a :class:`RouteKind`, or ``invalid`` for a request never routed."""
+
+    INVALID = "invalid"
+
+
 class Failure(enum.StrEnum):
     """Why a forward produced no upstream status; the values are metric labels."""
 
@@ -323,43 +352,43 @@ class Router:
 
     async def _route(
         self, scope: Scope, receive: Receive, send: Send, started: float
-    ) -> tuple[str, str]:
+    ) -> tuple[str, Outcome | Failure]:
         """Handle one proxied request; returns (route kind, outcome) for the metrics."""
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         if sum(len(k) + len(v) for k, v in raw_headers) > self.config.max_header_bytes:
             await _respond(send, 431, _error(-32600, "Request headers too large"))
-            return "invalid", "rejected"
+            return Route.INVALID, Outcome.REJECTED
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
         refusal = refused_origin(headers.get("host"), headers.get("origin"), self.origin_policy)
         if refusal is not None:
             await _respond(send, 403, _error(-32600, f"Forbidden: {refusal}"))
-            return "invalid", "rejected"
+            return Route.INVALID, Outcome.REJECTED
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             await _respond(send, 413, _error(-32600, "Request body too large"))
-            return "invalid", "rejected"
+            return Route.INVALID, Outcome.REJECTED
         try:
             body = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout)
         except _TooLarge:
             await _respond(send, 413, _error(-32600, "Request body too large"))
-            return "invalid", "rejected"
+            return Route.INVALID, Outcome.REJECTED
         except TimeoutError:
             await _respond(send, 408, _error(-32600, "Request body not received in time"))
-            return "invalid", "rejected"
+            return Route.INVALID, Outcome.REJECTED
         except ConnectionResetError:
-            return "invalid", Failure.DISCONNECTED
+            return Route.INVALID, Failure.DISCONNECTED
 
         if len(session_ids(raw_headers)) > 1:
             # The router would route by one and the replica read another: refused
             # before any lookup, so no session is ever dropped on another's behalf.
             await _respond(send, 400, _error(-32600, "Bad Request: more than one Mcp-Session-Id"))
-            return "invalid", "rejected"
+            return Route.INVALID, Outcome.REJECTED
         method: str = scope["method"]
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
             # Answered here: a replica would open (and leak) a session for it.
             await _respond(send, 400, _error(-32700, "Parse error: the body is not JSON"))
-            return kind.value, "rejected"
+            return kind.value, Outcome.REJECTED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(
                 scope, receive, send, headers["mcp-session-id"], body, started
@@ -370,48 +399,48 @@ class Router:
 
     async def _sticky(
         self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes, started: float
-    ) -> str:
+    ) -> Outcome | Failure:
         if not valid_session_id(session):
             await _respond(send, 400, _error(-32600, "Bad Request: malformed Mcp-Session-Id"))
-            return "rejected"
+            return Outcome.REJECTED
         owner, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
         if owner is None:
             if source == "unknown":
                 # Redis cannot say whether the session exists: a 404 could end a live one.
                 await _retry_later(send, 503, -32000, "Session directory unavailable; retry")
-                return "unavailable"
+                return Outcome.UNAVAILABLE
             await _respond(send, 404, _error(-32600, "Session not found"))
-            return "client_error"
+            return Outcome.CLIENT_ERROR
         address = self.view.owner_address(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
-            return await self._owner_gone(send, session, owner, "deregistered")
+            return await self._owner_gone(send, session, owner, OwnerGone.DEREGISTERED)
         outcome = await self._forward(
             scope, receive, send, RouteKind.STICKY, owner, address, body, started
         )
         if outcome is Failure.REFUSED:
             self.view.forget(owner)
-            return await self._owner_gone(send, session, owner, "refused")
+            return await self._owner_gone(send, session, owner, OwnerGone.REFUSED)
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
             await _retry_later(send, 503, -32000, "Session owner unavailable; retry")
-            return "unavailable"
+            return Outcome.UNAVAILABLE
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
-            return await self._owner_gone(send, session, owner, "unknown_to_owner")
+            return await self._owner_gone(send, session, owner, OwnerGone.UNKNOWN_TO_OWNER)
         if outcome == 404 or (
             scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300
         ):
             await self.sessions.forget(session)
         return _outcome(outcome)
 
-    async def _owner_gone(self, send: Send, session: str, owner: str, reason: str) -> str:
+    async def _owner_gone(self, send: Send, session: str, owner: str, reason: OwnerGone) -> Outcome:
         log.info("session of %s answered 404: owner %s", owner, reason)
         await self.sessions.forget(session)
         self.metrics.owner_gone.labels(reason).inc()
         await _respond(send, 404, _error(-32600, "Session not found"))
-        return "owner_gone"
+        return Outcome.OWNER_GONE
 
     async def _spread(
         self,
@@ -421,7 +450,7 @@ class Router:
         kind: RouteKind,
         body: bytes,
         started: float,
-    ) -> str:
+    ) -> Outcome | Failure:
         tried: set[str] = set()
         for _ in range(self.config.attempts):
             candidates = self.view.serving(exclude=tried)
@@ -453,7 +482,7 @@ class Router:
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
         await _retry_later(send, 503, -32000, message)
-        return "no_replica"
+        return Outcome.NO_REPLICA
 
     async def _forward(
         self,
@@ -614,12 +643,12 @@ class Router:
         return None if copier.result() else Failure.UPSTREAM_BROKE
 
 
-def _outcome(result: int | Failure) -> str:
+def _outcome(result: int | Failure) -> Outcome | Failure:
     if isinstance(result, Failure):
-        return result.value
+        return result
     if result < 400:
-        return "ok"
-    return "client_error" if result < 500 else "upstream_error"
+        return Outcome.OK
+    return Outcome.CLIENT_ERROR if result < 500 else Outcome.UPSTREAM_ERROR
 
 
 def run_router(config: RouterConfig) -> None:
