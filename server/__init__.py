@@ -5,3 +5,7 @@ namespace so that nothing here shadows a standard-library module.
 """
 
 __version__ = "0.1.0"
+
+from mcpfleet.server.metrics import PrometheusMiddleware
+
+__all__ = ["PrometheusMiddleware", "__version__"]
