@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -110,3 +111,17 @@ def alerts() -> list[Alert]:
                     )
                 )
     return out
+
+
+def require_binary(name: str) -> str:
+    """A Debian-packaged binary (prometheus, promtool); in CI a missing one fails the run."""
+    import shutil
+
+    import pytest
+
+    found = shutil.which(name)
+    if found:
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{name} is not installed (make deps installs the prometheus package)")
+    pytest.skip(f"{name} is not installed: apt-get install prometheus (or make deps)")
