@@ -133,7 +133,7 @@ def cmd_keys(action: str, directory: Path, force: bool) -> None:
 def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     import shutil
 
-    from mcpfleet.server.devfleet import FleetError, LocalFleet
+    from mcpfleet.server.devfleet import FleetError, LocalFleet, start_monitoring
 
     if replicas < 1:
         raise UsageError("--replicas must be at least 1")
@@ -177,6 +177,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
         raise UsageError(f"the fleet did not start: {exc}") from None
     print(f"mcpfleet dev: {replicas} replica(s) behind the router at {fleet.url}")
     print(f"  redis {fleet.redis_url}, key ring {fleet.keys_dir}, logs in {work}")
+    prometheus = start_monitoring(fleet, work / "prometheus")
     print(
         f"  try: mcpfleet demo --url {fleet.url} --era modern   (Ctrl-C stops the fleet)",
         flush=True,
@@ -190,6 +191,8 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
             time.sleep(0.5)
     finally:
         print("stopping the fleet", flush=True)
+        if prometheus is not None:
+            prometheus.stop()
         fleet.stop()
 
 
