@@ -17,6 +17,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +99,71 @@ async def handshake_round_trips(url: str, n: int) -> list[float]:
             await client.call_tool("confirm_purchase", {"item": "tea", "amount_eur": 2})
         out.append(time.perf_counter() - t)
     return out
+
+
+async def guard_rounds(url: str, concurrency: int, seconds: float) -> float:
+    """Guard rounds per second: confirm_purchase flows (ask, sealed; answer, unsealed).
+
+    Every flow is two rounds: the asking round seals ``request_state``, the
+    continuation unseals it and answers. Only rounds of completed flows count.
+    """
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        async with httpx.AsyncClient(timeout=10) as http:
+            while time.perf_counter() < deadline:
+                first = await http.post(url, content=BODY, headers=HEADERS)
+                result = _sse_json(first.text)["result"]
+                (key,) = result["inputRequests"]
+                params = json.loads(BODY)["params"]
+                params["requestState"] = result["requestState"]
+                params["inputResponses"] = {key: {"action": "accept", "content": {"value": True}}}
+                body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+                second = await http.post(url, content=json.dumps(body), headers=HEADERS)
+                text = _sse_json(second.text)["result"]["content"][0]["text"]
+                if text.startswith("Purchased"):
+                    done += 2
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return done / (time.perf_counter() - started)
+
+
+def _sse_json(text: str) -> dict[str, object]:
+    """A JSON-RPC answer, sent as plain JSON or as the last event of an SSE stream."""
+    data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
+    out: dict[str, object] = json.loads(data[-1] if data else text)
+    return out
+
+
+def start_plain_fastmcp(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The example app as plain FastMCP: ``http_app()`` under uvicorn, nothing of mcpfleet's."""
+    port = free_port()
+    code = (
+        "import uvicorn\n"
+        "from mcpfleet.server.example.app import app\n"
+        f"uvicorn.run(app.http_app(path='/mcp'), host='127.0.0.1', port={port},"
+        " log_level='warning', access_log=False)\n"
+    )
+    log = (work / "plain.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def answers() -> bool:
+        resp = httpx.post(url, content=BODY, headers=HEADERS, timeout=2)
+        return resp.status_code == 200
+
+    wait_for("plain FastMCP under uvicorn to answer", answers, 60)
+    return proc, url
 
 
 def codec_cost(n: int) -> tuple[float, float]:
@@ -248,6 +314,34 @@ async def measure(quick: bool) -> list[Row]:
                     "same replicas",
                 )
             )
+        plain, plain_url = start_plain_fastmcp(work)
+        try:
+            # Alternate the two, twice each, so neither gets the quieter half of the run.
+            served: list[float] = []
+            bare: list[float] = []
+            for _ in range(2):
+                served.append(await guard_rounds(direct, 16, secs / 2))
+                bare.append(await guard_rounds(plain_url, 16, secs / 2))
+        finally:
+            plain.terminate()
+            plain.wait(10)
+        mcpfleet_rps, plain_rps = statistics.mean(served), statistics.mean(bare)
+        rows.append(
+            (
+                "guard rounds/s, example app under mcpfleet serve",
+                f"{mcpfleet_rps:.0f}/s",
+                f"x{mcpfleet_rps / plain_rps:.2f} of plain FastMCP",
+                "codec, metrics, registry; target >= x0.90",
+            )
+        )
+        rows.append(
+            (
+                "guard rounds/s, same app as plain FastMCP http_app()",
+                f"{plain_rps:.0f}/s",
+                "",
+                "uvicorn, 16 clients, ask+answer flows",
+            )
+        )
         hs_direct = await handshake_round_trips(direct, 20 if quick else 60)
         hs_router = await handshake_round_trips(lf.url, 20 if quick else 60)
         hs_ratio = statistics.median(hs_router) / statistics.median(hs_direct)
