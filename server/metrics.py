@@ -30,11 +30,15 @@ prompt that was found; a resource's registered URI or URI template), or
 
 Use it in any FastMCP app::
 
-    from prometheus_client import make_asgi_app
+    from prometheus_client import generate_latest
+    from starlette.responses import Response
     from mcpfleet.server import PrometheusMiddleware
 
-    mcp.add_middleware(PrometheusMiddleware())      # the default registry
-    # expose prometheus_client's default registry, e.g. with a custom route
+    mcp.add_middleware(PrometheusMiddleware())  # prometheus_client's default registry
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics(request):
+        return Response(generate_latest(), media_type="text/plain; version=0.0.4")
 
 ``mcpfleet serve`` installs one in every replica and serves it on ``/metrics``.
 """
