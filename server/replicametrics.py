@@ -86,13 +86,15 @@ class _RejectionFilter(logging.Filter):
     def __init__(self, count: Callable[[str], None]) -> None:
         super().__init__()
         self._count = count
+        #: Records below this level are counted but not passed on (see ``watch_rejections``).
+        self.passes_from = logging.NOTSET
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(_REJECTED_PREFIX):
             args = record.args
             reason = args[-1] if isinstance(args, tuple) and args else ""
             self._count(rejection_label(str(reason)))
-        return True
+        return record.levelno >= self.passes_from
 
 
 class _StateCollector(Collector):
@@ -199,6 +201,7 @@ class ReplicaMetrics:
         self.reload_failing.set(0)
         r.register(_StateCollector(ring, gate))
         self._filter = _RejectionFilter(self._rejected)
+        self._saved_level = logging.NOTSET
 
     # --- observers wired by the replica --------------------------------------------------
 
@@ -228,11 +231,26 @@ class ReplicaMetrics:
         self.rejections.labels(reason).inc()
 
     def watch_rejections(self) -> None:
-        """Start counting the request-state boundary's rejections (one replica per process)."""
-        logging.getLogger(BOUNDARY_LOGGER).addFilter(self._filter)
+        """Start counting the request-state boundary's rejections (one replica per process).
+
+        The boundary logs rejections at WARNING. When logging is configured
+        quieter than that (``--log-level ERROR``), the logger is opened to
+        WARNING so every rejection is still counted, and the filter drops the
+        records the configured level would have hidden.
+        """
+        logger = logging.getLogger(BOUNDARY_LOGGER)
+        self._saved_level = logger.level
+        configured = logger.getEffectiveLevel()
+        if configured > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+            self._filter.passes_from = configured
+        logger.addFilter(self._filter)
 
     def unwatch_rejections(self) -> None:
-        logging.getLogger(BOUNDARY_LOGGER).removeFilter(self._filter)
+        logger = logging.getLogger(BOUNDARY_LOGGER)
+        logger.removeFilter(self._filter)
+        logger.setLevel(self._saved_level)
+        self._filter.passes_from = logging.NOTSET
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

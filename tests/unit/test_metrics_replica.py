@@ -176,3 +176,26 @@ def test_replicas_of_one_app_object_never_stack_middlewares(tmp_path: Path) -> N
     assert first.mcp_app is second.mcp_app
     ours = [mw for mw in second.mcp_app.middleware if isinstance(mw, PrometheusMiddleware)]
     assert ours == [second.rounds] and second.rounds.registry is second.metrics.registry
+
+
+def test_rejections_are_counted_even_when_logging_is_quieter_than_warnings(
+    replica: Replica, caplog: pytest.LogCaptureFixture
+) -> None:
+    boundary = logging.getLogger("mcp.server.request_state")
+    root = logging.getLogger()
+    saved = root.level
+    root.setLevel(logging.ERROR)  # what --log-level ERROR does
+    try:
+        with TestClient(build_asgi(replica)) as http:
+            refused = modern_call(
+                URL, "book_flight", {"destination": "Oslo"}, request_state="junk", client=http
+            )
+            assert refused.error is not None
+            m = scrape(http)
+        assert boundary.level == logging.NOTSET, "the logger's level is restored"
+    finally:
+        root.setLevel(saved)
+    assert value(m, "mcpfleet_requeststate_rejections_total", reason="malformed") == 1
+    assert not [r for r in caplog.records if r.name == "mcp.server.request_state"], (
+        "the rejection was counted, not logged below the configured level"
+    )
