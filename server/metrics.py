@@ -149,8 +149,11 @@ class _ResourceLabels:
         if now - self._loaded_at < _REFRESH_INTERVAL:
             return UNKNOWN
         self._loaded_at = now
-        resources = await server.list_resources(run_middleware=False)
-        templates = await server.list_resource_templates(run_middleware=False)
+        try:
+            resources = await server.list_resources(run_middleware=False)
+            templates = await server.list_resource_templates(run_middleware=False)
+        except Exception:  # counting must never fail a read: label it unknown instead
+            return UNKNOWN
         self._static = frozenset(str(r.uri) for r in resources)
         self._templates = list(templates)
         return self._match(uri) or UNKNOWN
