@@ -101,8 +101,8 @@ async def handshake_round_trips(url: str, n: int) -> list[float]:
     return out
 
 
-async def guard_rounds(url: str, concurrency: int, seconds: float) -> float:
-    """Guard rounds per second: confirm_purchase flows (ask, sealed; answer, unsealed).
+async def _guard_flows(url: str, concurrency: int, seconds: float) -> tuple[int, float]:
+    """Rounds of completed confirm_purchase flows in ``seconds``, and the time taken.
 
     Every flow is two rounds: the asking round seals ``request_state``, the
     continuation unseals it and answers. Only rounds of completed flows count.
@@ -110,25 +110,82 @@ async def guard_rounds(url: str, concurrency: int, seconds: float) -> float:
     done = 0
     deadline = time.perf_counter() + seconds
 
-    async def client() -> None:
+    async def client(http: httpx.AsyncClient) -> None:
         nonlocal done
-        async with httpx.AsyncClient(timeout=10) as http:
-            while time.perf_counter() < deadline:
-                first = await http.post(url, content=BODY, headers=HEADERS)
-                result = _sse_json(first.text)["result"]
-                (key,) = result["inputRequests"]
-                params = json.loads(BODY)["params"]
-                params["requestState"] = result["requestState"]
-                params["inputResponses"] = {key: {"action": "accept", "content": {"value": True}}}
-                body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
-                second = await http.post(url, content=json.dumps(body), headers=HEADERS)
-                text = _sse_json(second.text)["result"]["content"][0]["text"]
-                if text.startswith("Purchased"):
-                    done += 2
+        while time.perf_counter() < deadline:
+            first = await http.post(url, content=BODY, headers=HEADERS)
+            result = _sse_json(first.text)["result"]
+            assert isinstance(result, dict)
+            (key,) = result["inputRequests"]
+            params = json.loads(BODY)["params"]
+            params["requestState"] = result["requestState"]
+            params["inputResponses"] = {key: {"action": "accept", "content": {"value": True}}}
+            body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+            second = await http.post(url, content=json.dumps(body), headers=HEADERS)
+            answer = _sse_json(second.text)["result"]
+            assert isinstance(answer, dict)
+            if answer["content"][0]["text"].startswith("Purchased"):
+                done += 2
 
     started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started)
+    async with httpx.AsyncClient(timeout=10) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    return done, time.perf_counter() - started
+
+
+async def guard_rounds_paired(
+    a: str, b: str, concurrency: int, seconds: float, slices: int = 16
+) -> tuple[float, float]:
+    """Guard rounds/s of two servers, measured in alternating short slices.
+
+    On a shared machine the load of other processes drifts over seconds; many
+    short alternating slices (which one goes first alternates too) expose both
+    servers to the same drift, so their ratio means something.
+    """
+    totals = {a: [0, 0.0], b: [0, 0.0]}
+    for i in range(slices):
+        for url in (a, b) if i % 2 == 0 else (b, a):
+            rounds, took = await _guard_flows(url, concurrency, seconds / slices)
+            totals[url][0] += rounds
+            totals[url][1] += took
+    return totals[a][0] / totals[a][1], totals[b][0] / totals[b][1]
+
+
+def middleware_cost(n: int) -> tuple[float, float]:
+    """In-process tool call p50 (microseconds) with and without the rounds middleware.
+
+    Two copies of one app, called alternately in one event loop, so both see
+    the same machine; no network and no codec, only what the middleware adds.
+    """
+    from fastmcp import Client, FastMCP
+    from prometheus_client import CollectorRegistry
+
+    from mcpfleet.server.metrics import PrometheusMiddleware
+
+    def app(with_metrics: bool) -> FastMCP:
+        mcp = FastMCP("bench")
+
+        @mcp.tool
+        def ping() -> str:
+            return "pong"
+
+        if with_metrics:
+            mcp.add_middleware(PrometheusMiddleware(CollectorRegistry()))
+        return mcp
+
+    async def run() -> tuple[float, float]:
+        timed: dict[bool, list[float]] = {True: [], False: []}
+        async with Client(app(True)) as counted, Client(app(False)) as plain:
+            clients = {True: counted, False: plain}
+            for i in range(n + 50):
+                for key in (True, False) if i % 2 else (False, True):
+                    t = time.perf_counter()
+                    await clients[key].call_tool("ping", {})
+                    if i >= 50:  # the first calls warm both up
+                        timed[key].append(time.perf_counter() - t)
+        return statistics.median(timed[True]) * 1e6, statistics.median(timed[False]) * 1e6
+
+    return asyncio.run(run())
 
 
 def _sse_json(text: str) -> dict[str, object]:
@@ -316,16 +373,10 @@ async def measure(quick: bool) -> list[Row]:
             )
         plain, plain_url = start_plain_fastmcp(work)
         try:
-            # Alternate the two, twice each, so neither gets the quieter half of the run.
-            served: list[float] = []
-            bare: list[float] = []
-            for _ in range(2):
-                served.append(await guard_rounds(direct, 16, secs / 2))
-                bare.append(await guard_rounds(plain_url, 16, secs / 2))
+            mcpfleet_rps, plain_rps = await guard_rounds_paired(direct, plain_url, 16, 2 * secs)
         finally:
             plain.terminate()
             plain.wait(10)
-        mcpfleet_rps, plain_rps = statistics.mean(served), statistics.mean(bare)
         rows.append(
             (
                 "guard rounds/s, example app under mcpfleet serve",
@@ -339,7 +390,16 @@ async def measure(quick: bool) -> list[Row]:
                 "guard rounds/s, same app as plain FastMCP http_app()",
                 f"{plain_rps:.0f}/s",
                 "",
-                "uvicorn, 16 clients, ask+answer flows",
+                "uvicorn, 16 clients, 16 alternating slices",
+            )
+        )
+        counted, bare = await asyncio.to_thread(middleware_cost, 300 if quick else 2000)
+        rows.append(
+            (
+                "in-process tool call p50, with / without rounds middleware",
+                f"{counted:.0f} / {bare:.0f} us",
+                f"x{counted / bare:.2f}",
+                "alternating calls, one event loop",
             )
         )
         hs_direct = await handshake_round_trips(direct, 20 if quick else 60)
