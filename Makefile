@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,15 @@ test-controlplane: venv deps tools
 bench: venv deps
 	bash hack/ensure-debs.sh nginx
 	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
+
+# Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
+# alert rules checked and unit-tested with promtool.
+dashboards: venv
+	$(PY) deploy/monitoring/dashboards.py
+
+rules-check: deps
+	promtool check rules charts/mcpfleet/rules/mcpfleet.rules.yaml
+	cd deploy/monitoring/tests && promtool test rules *.test.yaml
 
 cluster-up: venv tools
 	PYTHONPATH=tests $(PY) -m fleetkit.cluster up

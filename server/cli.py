@@ -164,7 +164,7 @@ def cmd_keys(action: str, directory: Path, force: bool) -> None:
 def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     import shutil
 
-    from mcpfleet.server.devfleet import FleetError, LocalFleet
+    from mcpfleet.server.devfleet import FleetError, LocalFleet, start_monitoring
     from mcpfleet.server.devsupervisor import Supervisor
 
     if replicas < 1:
@@ -209,6 +209,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
         raise UsageError(f"the fleet did not start: {exc}") from None
     print(f"mcpfleet dev: {replicas} replica(s) behind the router at {fleet.url}")
     print(f"  redis {fleet.redis_url}, key ring {fleet.keys_dir}, logs in {work}")
+    prometheus = start_monitoring(fleet, work / "prometheus")
     print(
         f"  try: mcpfleet demo --url {fleet.url} --era modern   (Ctrl-C stops the fleet)",
         flush=True,
@@ -220,6 +221,8 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
             time.sleep(0.25)
     finally:
         print("stopping the fleet", flush=True)
+        if prometheus is not None:
+            prometheus.stop()
         fleet.stop()
 
 

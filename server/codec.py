@@ -19,7 +19,8 @@ from mcpfleet.server.keyring import KeyRing
 
 _PREFIX = "v1."
 
-#: Called with ("unseal", kid) on success and ("reject", reason) on failure.
+#: Called with ("seal", kid) for each token sealed, ("unseal", kid) for each token
+#: opened and ("reject", reason) for each refused. Kids are public key ids.
 Observer = Callable[[str, str], None]
 
 
@@ -57,7 +58,10 @@ class ReloadableCodec:
         self._codec, self._ring = codec, ring
 
     def seal(self, payload: bytes) -> str:
-        return self._codec.seal(payload)
+        token = self._codec.seal(payload)
+        if self._observer is not None:
+            self._observer("seal", token_kid(token) or "unknown")
+        return token
 
     def unseal(self, token: str) -> bytes:
         try:

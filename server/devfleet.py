@@ -27,6 +27,16 @@ from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import Attestation, RedisKeys
 from mcpfleet.server.keydir import read_ring, write_ring
 from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.localprom import (
+    REPLICA_JOB,
+    ROUTER_JOB,
+    RULES_FILE,
+    LocalPrometheus,
+    PrometheusError,
+    Target,
+    find_prometheus,
+    graph_url,
+)
 from mcpfleet.server.registry import text
 
 
@@ -384,6 +394,15 @@ class LocalFleet:
 
         wait_for(f"every replica to attest kids {list(kids)}", converged, timeout)
 
+    def metrics_targets(self) -> list[Target]:
+        """Every process with a ``/metrics``: the replicas and the routers."""
+        out = [Target(f"127.0.0.1:{m.port}", REPLICA_JOB, m.name) for m in self.members.values()]
+        out += [
+            Target(f"127.0.0.1:{port}", ROUTER_JOB, proc.name)
+            for port, proc in zip(self.router_ports, self.router_procs, strict=True)
+        ]
+        return out
+
     def logs(self) -> Iterator[tuple[str, str]]:
         if self.redis is not None:
             yield "redis", self.redis.tail(10)
@@ -391,3 +410,28 @@ class LocalFleet:
             yield member.name, member.proc.tail()
         for proc in self.router_procs:
             yield proc.name, proc.tail()
+
+
+def start_monitoring(
+    fleet: LocalFleet, workdir: Path, out: Callable[[str], None] = print, interval: float = 5.0
+) -> LocalPrometheus | None:
+    """Debian's Prometheus scraping every process of ``fleet`` with the alert rules loaded.
+
+    Without a ``prometheus`` binary (or when it fails to start) this says so and
+    returns None: the fleet runs on without monitoring.
+    """
+    if find_prometheus() is None:
+        out("  prometheus not found (apt-get install prometheus): running without monitoring")
+        return None
+    rules = [RULES_FILE] if RULES_FILE.exists() else []
+    prom = LocalPrometheus(workdir, namespace=fleet.fleet, interval=interval, rules=rules)
+    try:
+        prom.start(fleet.metrics_targets())
+    except PrometheusError as exc:
+        prom.stop()
+        out(f"  prometheus did not start, running without monitoring: {exc}")
+        return None
+    loaded = "alert rules loaded" if rules else "alert rules not found (not a source checkout)"
+    out(f"  prometheus {prom.url} scraping {len(fleet.metrics_targets())} processes, {loaded}")
+    out(f"  asking vs final rounds: {graph_url(prom.url)}")
+    return prom

@@ -34,12 +34,14 @@ class KeyRingWatcher:
         interval: float = DEFAULT_POLL_INTERVAL,
         on_change: Callable[[KeyRing], None] | None = None,
         on_error: Callable[[str], None] | None = None,
+        on_result: Callable[[str], None] | None = None,
     ) -> None:
         self.directory = directory
         self.codec = codec
         self.interval = interval
         self._on_change = on_change
         self._on_error = on_error
+        self._on_result = on_result
         self._seen = fingerprint(directory)
         self.reload_errors = 0
 
@@ -62,16 +64,24 @@ class KeyRingWatcher:
             )
             if self._on_error is not None:
                 self._on_error(str(exc))
+            self._result("error")
             return False
         self._seen = snap.fingerprint
         if ring == self.codec.ring:
+            self._result("unchanged")
             return False
         old = self.codec.kids
         self.codec.swap(ring)
         log.info("key ring loaded: kids %s (%s), was %s", list(ring.kids), ring.phase, list(old))
         if self._on_change is not None:
             self._on_change(ring)
+        self._result("loaded")
         return True
+
+    def _result(self, result: str) -> None:
+        """Report one look at a new version on disk: ``loaded``, ``unchanged`` or ``error``."""
+        if self._on_result is not None:
+            self._on_result(result)
 
     async def run(self) -> None:
         while True:

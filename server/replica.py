@@ -7,6 +7,10 @@ every modern continuation routed to it), then serves under uvicorn with:
 * a :class:`~mcpfleet.server.keywatch.KeyRingWatcher` reloading the ring;
 * a :class:`~mcpfleet.server.registry.Publisher` attesting the LOADED ring's
   kids, the replica's address, state and load (when Redis is configured);
+* Prometheus metrics on ``/metrics``: the app's rounds (a
+  :class:`~mcpfleet.server.metrics.PrometheusMiddleware`, added unless the app
+  has one), request state and key ring, sessions and drain state
+  (:mod:`mcpfleet.server.replicametrics`);
 * drain on SIGTERM: the replica attests ``draining`` and refuses new work at
   once, serves the sessions it owns until they go quiet or the deadline
   passes, then exits. SIGINT stops at once.
@@ -25,7 +29,8 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp
+from prometheus_client import generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpfleet.server.appload import install_codec, load_app
 from mcpfleet.server.codec import ReloadableCodec
@@ -39,9 +44,13 @@ from mcpfleet.server.gate import GateState, ReplicaGate
 from mcpfleet.server.keydir import read_ring
 from mcpfleet.server.keyring import KeyRing
 from mcpfleet.server.keywatch import KeyRingWatcher
+from mcpfleet.server.metrics import PrometheusMiddleware
 from mcpfleet.server.registry import Publisher, connect, redact_url
+from mcpfleet.server.replicametrics import ReplicaMetrics
 
 log = logging.getLogger("mcpfleet.replica")
+
+_OURS = "_mcpfleet_replica_installed"
 
 #: Seconds an idle keep-alive connection to a replica stays open.
 REPLICA_KEEPALIVE = 75
@@ -55,16 +64,25 @@ class Replica:
         self.name = config.resolved_name()
         self.address = config.resolved_address()
         self.started = time.time()
-        self.codec = ReloadableCodec(ring)
+        self.state = GateState(name=self.name, session_idle=config.session_idle)
+        self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
+        self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
         self.mcp_app = load_app(config.app)
+        self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
-        self.state = GateState(name=self.name, session_idle=config.session_idle)
         self.publisher: Publisher | None = None
-        self.watcher = KeyRingWatcher(config.keys_dir, self.codec, on_change=self._ring_changed)
+        self.watcher = KeyRingWatcher(
+            config.keys_dir,
+            self.codec,
+            on_change=self._ring_changed,
+            on_result=self.metrics.reload_result,
+        )
         inner = self.mcp_app.http_app(path=MCP_PATH)
         self._inner = inner
-        self.asgi: ASGIApp = ReplicaGate(inner, self.state)
+        self.asgi: ASGIApp = ReplicaGate(
+            inner, self.state, extra_routes={"/metrics": self.serve_metrics}
+        )
         self._drained = asyncio.Event()
 
     def attestation(self) -> Attestation:
@@ -80,12 +98,25 @@ class Replica:
             started=self.started,
         )
 
+    async def serve_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/metrics``: the replica's registry, and the app's own middleware's if it had one."""
+        body = self.metrics.render()
+        if self.rounds.registry is not self.metrics.registry:
+            body += generate_latest(self.rounds.registry)
+        headers = [
+            (b"content-type", self.metrics.content_type.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
     def _ring_changed(self, ring: KeyRing) -> None:
         if self.publisher is not None:
             self.publisher.nudge()
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
+        self.metrics.watch_rejections()
         tasks = [asyncio.create_task(self.watcher.run(), name="keyring-watch")]
         client = None
         if self.config.redis_url:
@@ -105,6 +136,7 @@ class Replica:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.metrics.unwatch_rejections()
             if client is not None and self.publisher is not None:
                 await self.publisher.withdraw(self.name)
                 await client.aclose()
@@ -132,6 +164,24 @@ class Replica:
             self.state.inflight,
             self.state.live_sessions(),
         )
+
+
+def install_rounds_middleware(app: Any, metrics: ReplicaMetrics) -> PrometheusMiddleware:
+    """The app's rounds middleware: its own if it installed one, else a new one, outermost.
+
+    Outermost, so a round refused by another middleware of the app is still
+    counted. An app's own middleware keeps its registry; ``/metrics`` serves it
+    too. One installed for an earlier replica of the same app object (tests
+    build several in one process) is replaced, never stacked.
+    """
+    app.middleware[:] = [mw for mw in app.middleware if not getattr(mw, _OURS, False)]
+    for mw in app.middleware:
+        if isinstance(mw, PrometheusMiddleware):
+            return mw
+    ours = PrometheusMiddleware(metrics.registry)
+    setattr(ours, _OURS, True)
+    app.middleware.insert(0, ours)
+    return ours
 
 
 class _DrainingServer(uvicorn.Server):

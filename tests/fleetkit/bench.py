@@ -17,6 +17,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +99,128 @@ async def handshake_round_trips(url: str, n: int) -> list[float]:
             await client.call_tool("confirm_purchase", {"item": "tea", "amount_eur": 2})
         out.append(time.perf_counter() - t)
     return out
+
+
+async def _guard_flows(url: str, concurrency: int, seconds: float) -> tuple[int, float]:
+    """Rounds of completed confirm_purchase flows in ``seconds``, and the time taken.
+
+    Every flow is two rounds: the asking round seals ``request_state``, the
+    continuation unseals it and answers. Only rounds of completed flows count.
+    """
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            first = await http.post(url, content=BODY, headers=HEADERS)
+            result = _sse_json(first.text)["result"]
+            assert isinstance(result, dict)
+            (key,) = result["inputRequests"]
+            params = json.loads(BODY)["params"]
+            params["requestState"] = result["requestState"]
+            params["inputResponses"] = {key: {"action": "accept", "content": {"value": True}}}
+            body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+            second = await http.post(url, content=json.dumps(body), headers=HEADERS)
+            answer = _sse_json(second.text)["result"]
+            assert isinstance(answer, dict)
+            if answer["content"][0]["text"].startswith("Purchased"):
+                done += 2
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=10) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    return done, time.perf_counter() - started
+
+
+async def guard_rounds_paired(
+    a: str, b: str, concurrency: int, seconds: float, slices: int = 16
+) -> tuple[float, float]:
+    """Guard rounds/s of two servers, measured in alternating short slices.
+
+    On a shared machine the load of other processes drifts over seconds; many
+    short alternating slices (which one goes first alternates too) expose both
+    servers to the same drift, so their ratio means something.
+    """
+    totals = {a: [0, 0.0], b: [0, 0.0]}
+    for i in range(slices):
+        for url in (a, b) if i % 2 == 0 else (b, a):
+            rounds, took = await _guard_flows(url, concurrency, seconds / slices)
+            totals[url][0] += rounds
+            totals[url][1] += took
+    return totals[a][0] / totals[a][1], totals[b][0] / totals[b][1]
+
+
+def middleware_cost(n: int) -> tuple[float, float]:
+    """In-process tool call p50 (microseconds) with and without the rounds middleware.
+
+    Two copies of one app, called alternately in one event loop, so both see
+    the same machine; no network and no codec, only what the middleware adds.
+    """
+    from fastmcp import Client, FastMCP
+    from prometheus_client import CollectorRegistry
+
+    from mcpfleet.server.metrics import PrometheusMiddleware
+
+    def app(with_metrics: bool) -> FastMCP:
+        mcp = FastMCP("bench")
+
+        @mcp.tool
+        def ping() -> str:
+            return "pong"
+
+        if with_metrics:
+            mcp.add_middleware(PrometheusMiddleware(CollectorRegistry()))
+        return mcp
+
+    async def run() -> tuple[float, float]:
+        timed: dict[bool, list[float]] = {True: [], False: []}
+        async with Client(app(True)) as counted, Client(app(False)) as plain:
+            clients = {True: counted, False: plain}
+            for i in range(n + 50):
+                for key in (True, False) if i % 2 else (False, True):
+                    t = time.perf_counter()
+                    await clients[key].call_tool("ping", {})
+                    if i >= 50:  # the first calls warm both up
+                        timed[key].append(time.perf_counter() - t)
+        return statistics.median(timed[True]) * 1e6, statistics.median(timed[False]) * 1e6
+
+    return asyncio.run(run())
+
+
+def _sse_json(text: str) -> dict[str, object]:
+    """A JSON-RPC answer, sent as plain JSON or as the last event of an SSE stream."""
+    data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
+    out: dict[str, object] = json.loads(data[-1] if data else text)
+    return out
+
+
+def start_plain_fastmcp(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The example app as plain FastMCP: ``http_app()`` under uvicorn, nothing of mcpfleet's."""
+    port = free_port()
+    code = (
+        "import uvicorn\n"
+        "from mcpfleet.server.example.app import app\n"
+        f"uvicorn.run(app.http_app(path='/mcp'), host='127.0.0.1', port={port},"
+        " log_level='warning', access_log=False)\n"
+    )
+    log = (work / "plain.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONSAFEPATH="1"),
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def answers() -> bool:
+        resp = httpx.post(url, content=BODY, headers=HEADERS, timeout=2)
+        return resp.status_code == 200
+
+    wait_for("plain FastMCP under uvicorn to answer", answers, 60)
+    return proc, url
 
 
 def codec_cost(n: int) -> tuple[float, float]:
@@ -248,6 +371,37 @@ async def measure(quick: bool) -> list[Row]:
                     "same replicas",
                 )
             )
+        plain, plain_url = start_plain_fastmcp(work)
+        try:
+            mcpfleet_rps, plain_rps = await guard_rounds_paired(direct, plain_url, 16, 2 * secs)
+        finally:
+            plain.terminate()
+            plain.wait(10)
+        rows.append(
+            (
+                "guard rounds/s, example app under mcpfleet serve",
+                f"{mcpfleet_rps:.0f}/s",
+                f"x{mcpfleet_rps / plain_rps:.2f} of plain FastMCP",
+                "codec, metrics, registry; target >= x0.90",
+            )
+        )
+        rows.append(
+            (
+                "guard rounds/s, same app as plain FastMCP http_app()",
+                f"{plain_rps:.0f}/s",
+                "",
+                "uvicorn, 16 clients, 16 alternating slices",
+            )
+        )
+        counted, bare = await asyncio.to_thread(middleware_cost, 300 if quick else 2000)
+        rows.append(
+            (
+                "in-process tool call p50, with / without rounds middleware",
+                f"{counted:.0f} / {bare:.0f} us",
+                f"x{counted / bare:.2f}",
+                "alternating calls, one event loop",
+            )
+        )
         hs_direct = await handshake_round_trips(direct, 20 if quick else 60)
         hs_router = await handshake_round_trips(lf.url, 20 if quick else 60)
         hs_ratio = statistics.median(hs_router) / statistics.median(hs_direct)

@@ -54,9 +54,9 @@ def test_tampered_or_truncated_tokens_are_rejected(mangle) -> None:  # type: ign
     assert seen and seen[-1][0] == "reject"
 
 
-def test_observer_counts_unseals_by_kid() -> None:
+def test_observer_counts_seals_and_unseals_by_kid() -> None:
     seen: list[tuple[str, str]] = []
     ring = KeyRing.generate()
     codec = ReloadableCodec(ring, observer=lambda e, d: seen.append((e, d)))
     codec.unseal(codec.seal(b"p"))
-    assert seen == [("unseal", ring.kids[0])]
+    assert seen == [("seal", ring.kids[0]), ("unseal", ring.kids[0])]

@@ -1,0 +1,256 @@
+"""A replica's own Prometheus metrics: request state, the key ring, and the process.
+
+One place for their names, labels and meaning (the rounds themselves are
+counted by :class:`~mcpfleet.server.metrics.PrometheusMiddleware`, registered
+in the same registry and served on the same ``/metrics``):
+
+* ``mcpfleet_requeststate_seals_total{kid}`` / ``..._unseals_total{kid}``: which
+  key sealed and which key opened each token, so a person (and the operator)
+  see when an old key stops being used. A kid is the public 4-byte key id
+  every token carries, never key material.
+* ``mcpfleet_requeststate_rejections_total{reason}``: tokens refused, by
+  reason (``expired``, ``tampered``, ``unknown_kid``, ``audience``,
+  ``malformed``, ``request_binding``, ``principal``, ``future``,
+  ``codec_error``, ``other``).
+* ``mcpfleet_keyring_info{kids, phase}``, ``mcpfleet_keyring_keys``, reloads by
+  result, the time of the last good load, and whether the ring on disk is one
+  the replica refused.
+* ``mcpfleet_replica_build_info``, live handshake sessions, requests in flight,
+  listening streams, ready and draining state.
+
+Gauges that mirror state (sessions, the ring) are read at scrape time by
+collectors, so the request path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from mcpfleet.server import __version__
+from mcpfleet.server.gate import GateState
+from mcpfleet.server.keyring import KeyRing
+
+#: The logger ``mcp``'s request-state boundary reports every rejection on.
+BOUNDARY_LOGGER: Final = "mcp.server.request_state"
+_REJECTED_PREFIX = "requestState rejected"
+
+#: ``mcp``'s rejection reasons (its log text) mapped to bounded label values.
+REJECTION_REASONS: Final[dict[str, str]] = {
+    "expired": "expired",
+    "seal": "tampered",
+    "unknown key": "unknown_kid",
+    "audience": "audience",
+    "malformed": "malformed",
+    "non-string requestState": "malformed",
+    "request binding": "request_binding",
+    "principal": "principal",
+    "principal drift": "principal",
+    "principal binding error": "principal",
+    "minted in the future": "future",
+    "codec error": "codec_error",
+}
+
+
+def rejection_label(reason: str) -> str:
+    """The label for one of ``mcp``'s rejection reasons; anything new is ``other``."""
+    if reason.startswith("bind_principal returned"):
+        return "principal"
+    return REJECTION_REASONS.get(reason, "other")
+
+
+def _package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class _RejectionFilter(logging.Filter):
+    """Counts the boundary's rejections as it logs them; never drops a record.
+
+    ``mcp`` answers every refused token with one frozen wire error and names
+    the real reason only in this log line, after checks the codec never sees
+    (expiry, audience, request binding). Reading the reason here counts every
+    rejection exactly once, codec-level or claim-level.
+    """
+
+    def __init__(self, count: Callable[[str], None]) -> None:
+        super().__init__()
+        self._count = count
+        #: Records below this level are counted but not passed on (see ``watch_rejections``).
+        self.passes_from = logging.NOTSET
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(_REJECTED_PREFIX):
+            args = record.args
+            reason = args[-1] if isinstance(args, tuple) and args else ""
+            self._count(rejection_label(str(reason)))
+        return record.levelno >= self.passes_from
+
+
+class _StateCollector(Collector):
+    """Key ring identity and gate state, read when Prometheus scrapes."""
+
+    def __init__(self, ring: Callable[[], KeyRing], gate: GateState) -> None:
+        self._ring = ring
+        self._gate = gate
+
+    def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
+        ring = self._ring()
+        info = InfoMetricFamily(
+            "mcpfleet_keyring",
+            "The loaded key ring: its kids in order (the first seals) and rotation phase.",
+            labels=["kids", "phase"],
+        )
+        info.add_metric([",".join(ring.kids), ring.phase], {})
+        yield info
+        yield GaugeMetricFamily(
+            "mcpfleet_keyring_keys", "Keys in the loaded key ring.", value=len(ring.kids)
+        )
+        st = self._gate
+        now = time.monotonic()
+        live = sum(1 for seen in list(st.sessions.values()) if now - seen < st.session_idle)
+        yield GaugeMetricFamily(
+            "mcpfleet_replica_sessions",
+            "Live handshake-era sessions this replica owns.",
+            value=live,
+        )
+        yield GaugeMetricFamily(
+            "mcpfleet_replica_requests_in_flight",
+            "Requests being served (listening streams excluded).",
+            value=st.inflight,
+        )
+        yield GaugeMetricFamily(
+            "mcpfleet_replica_streams", "Open standalone listening streams.", value=st.streams
+        )
+        yield GaugeMetricFamily(
+            "mcpfleet_replica_draining", "1 once the replica drains.", value=int(st.draining)
+        )
+        yield GaugeMetricFamily(
+            "mcpfleet_replica_ready",
+            "1 while the replica takes new sessions and rounds.",
+            value=int(st.ready and not st.draining),
+        )
+
+
+class ReplicaMetrics:
+    """The metrics of one replica process, in their own registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, *, app: str, ring: Callable[[], KeyRing], gate: GateState) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.seals = Counter(
+            "mcpfleet_requeststate_seals",
+            "Request-state tokens sealed, by the kid of the sealing key.",
+            ["kid"],
+            registry=r,
+        )
+        self.unseals = Counter(
+            "mcpfleet_requeststate_unseals",
+            "Request-state tokens opened, by the kid of the key that opened them.",
+            ["kid"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "mcpfleet_requeststate_rejections",
+            "Request-state tokens refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.reloads = Counter(
+            "mcpfleet_keyring_reloads",
+            "New key ring versions seen on disk, by result (loaded, unchanged, error).",
+            ["result"],
+            registry=r,
+        )
+        self.last_reload = Gauge(
+            "mcpfleet_keyring_last_reload_timestamp_seconds",
+            "When the ring in use was loaded (Unix time).",
+            registry=r,
+        )
+        self.reload_failing = Gauge(
+            "mcpfleet_keyring_reload_failing",
+            "1 while the newest ring on disk is one this replica refused (it keeps the last "
+            "good ring).",
+            registry=r,
+        )
+        build = Gauge(
+            "mcpfleet_replica_build_info",
+            "The replica's software: mcpfleet, fastmcp and mcp versions, and the app served.",
+            ["version", "fastmcp_version", "mcp_version", "app"],
+            registry=r,
+        )
+        build.labels(__version__, _package_version("fastmcp"), _package_version("mcp"), app).set(1)
+        Gauge(
+            "mcpfleet_replica_start_time_seconds",
+            "When the replica started (Unix time).",
+            registry=r,
+        ).set_to_current_time()
+        self.last_reload.set_to_current_time()
+        self.reload_failing.set(0)
+        r.register(_StateCollector(ring, gate))
+        self._filter = _RejectionFilter(self._rejected)
+        self._saved_level = logging.NOTSET
+
+    # --- observers wired by the replica --------------------------------------------------
+
+    def codec_event(self, event: str, value: str) -> None:
+        """The codec's observer: seals and unseals by kid.
+
+        The codec's own rejections are not counted here: the boundary logs
+        every rejection (the codec's included), and :meth:`watch_rejections`
+        counts each once.
+        """
+        if event == "seal":
+            self.seals.labels(value).inc()
+        elif event == "unseal":
+            self.unseals.labels(value).inc()
+
+    def reload_result(self, result: str) -> None:
+        """The key ring watcher's observer: ``loaded``, ``unchanged`` or ``error``."""
+        self.reloads.labels(result).inc()
+        if result == "error":
+            self.reload_failing.set(1)
+        else:
+            self.reload_failing.set(0)
+            if result == "loaded":
+                self.last_reload.set_to_current_time()
+
+    def _rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
+
+    def watch_rejections(self) -> None:
+        """Start counting the request-state boundary's rejections (one replica per process).
+
+        The boundary logs rejections at WARNING. When logging is configured
+        quieter than that (``--log-level ERROR``), the logger is opened to
+        WARNING so every rejection is still counted, and the filter drops the
+        records the configured level would have hidden.
+        """
+        logger = logging.getLogger(BOUNDARY_LOGGER)
+        self._saved_level = logger.level
+        configured = logger.getEffectiveLevel()
+        if configured > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+            self._filter.passes_from = configured
+        logger.addFilter(self._filter)
+
+    def unwatch_rejections(self) -> None:
+        logger = logging.getLogger(BOUNDARY_LOGGER)
+        logger.removeFilter(self._filter)
+        logger.setLevel(self._saved_level)
+        self._filter.passes_from = logging.NOTSET
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
