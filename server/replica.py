@@ -12,7 +12,8 @@ every modern continuation routed to it), then serves under uvicorn with:
   has one), request state and key ring, sessions and drain state
   (:mod:`mcpfleet.server.replicametrics`);
 * drain on SIGTERM: the replica attests ``draining`` and refuses new work at
-  once, serves the sessions it owns until they go quiet or the deadline
+  once, serves the sessions it owns until every one is closed (deleted, or idle
+  past the session idle time) and nothing is in flight, or the deadline
   passes, then exits. SIGINT stops at once.
 """
 
@@ -142,7 +143,8 @@ class Replica:
                 await client.aclose()
 
     async def drain(self) -> None:
-        """Refuse new work now; return once owned sessions are quiet or the deadline passes."""
+        """Refuse new work now; return once every owned session is closed and nothing is in
+        flight, or the deadline passes."""
         cfg = self.config
         self.state.draining = True
         if self.publisher is not None:
