@@ -31,6 +31,7 @@ from fleetkit.conformance import (
     run_all,
     table,
 )
+from fleetkit.conformance_modern import ASKING, ASKING_CALLS
 from fleetkit.fleet import require_redis
 
 # Three suite runs of ~10 s each on an idle machine, plus the fleet's start.
@@ -84,3 +85,17 @@ def test_the_expected_set_is_for_the_pinned_suite() -> None:
     suite = json.loads(Path(EXPECTED).read_text())["suite"]
     version = pinned()["@modelcontextprotocol/conformance"]
     assert suite == f"@modelcontextprotocol/conformance@{version}"
+
+
+def test_the_suites_calls_pass_on_the_modern_era_through_the_router(report: Report) -> None:
+    failed = {m.name: m.detail for m in report.modern if not m.ok}
+    assert failed == {}
+    assert {m.name for m in report.modern} >= set(ASKING)
+
+
+def test_modern_rounds_of_the_asking_tools_spread_across_replicas(report: Report) -> None:
+    asking = [m for m in report.modern if m.name in ASKING]
+    # Each call is two independent rounds: the question, then the answered call.
+    assert all(m.tool_calls == 2 * ASKING_CALLS for m in asking), asking
+    reached = {r for m in asking for r in m.replicas}
+    assert len(reached) >= 2, f"{len(asking) * 2 * ASKING_CALLS} rounds all on {reached}"

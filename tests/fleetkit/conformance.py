@@ -12,6 +12,10 @@ all``) runs three times:
   (stage, promote, retire, each step confirmed by every replica's attestation)
   on the fleet's key directory.
 
+The suite has no modern-era (2026-07-28) scenarios yet, so the same calls are
+also made on the modern era through the router
+(:mod:`fleetkit.conformance_modern`), recording the replicas the rounds reach.
+
 A router must be invisible: whatever passes directly must pass through the
 fleet, and the outcome of every check is pinned in
 ``tests/conformance/expected.json``, with the reason for each that does not
@@ -26,6 +30,7 @@ plain functions; :func:`run_all` is the only part that starts processes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -36,9 +41,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fleetkit.conformance_modern import ModernResult, modern_table, run_modern
 from mcpfleet.server.devfleet import FleetError, LocalFleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,8 +56,9 @@ RESULTS = CACHE / "results"
 EXPECTED = TESTS_DIR / "conformance" / "expected.json"
 APP = "mcpfleet.server.example.conformance:app"
 
-#: The three columns, in table order.
+#: The three runs, in table order, and the table's column names for them.
 TARGETS = ("direct", "fleet", "rotation")
+COLUMNS = {"direct": "direct", "fleet": "fleet", "rotation": "fleet-during-rotation"}
 
 #: Check ids that trace the suite's own traffic (requests sent, events seen):
 #: they always carry INFO and say nothing about conformance.
@@ -166,6 +173,7 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     rotation_steps: list[str] = field(default_factory=list)
     missing: dict[str, list[str]] = field(default_factory=dict)
+    modern: list[ModernResult] = field(default_factory=list)
 
     def checks(self) -> list[Check]:
         keys = {k for run in self.runs.values() for k in run}
@@ -182,6 +190,7 @@ class Report:
             "seconds": self.seconds,
             "rotation_steps": self.rotation_steps,
             "missing": self.missing,
+            "modern": [asdict(m) for m in self.modern],
             "checks": [
                 {
                     "scenario": s,
@@ -274,7 +283,7 @@ def _mark(status: str | None) -> str:
 
 def table(report: Report) -> str:
     """The table ``make conformance`` prints: one row per check, one column per target."""
-    rows = [("scenario", "check", *TARGETS)]
+    rows = [("scenario", "check", *(COLUMNS[t] for t in TARGETS))]
     rows += [
         (s, c, *(_mark(report.runs.get(t, {}).get((s, c))) for t in TARGETS))
         for s, c in report.checks()
@@ -288,11 +297,13 @@ def table(report: Report) -> str:
         run = report.runs.get(target, {})
         ok = sum(passed(v) for v in run.values())
         secs = report.seconds.get(target, 0.0)
-        lines.append(f"{target}: {ok} of {len(run)} checks pass ({secs:.1f} s)")
+        lines.append(f"{COLUMNS[target]}: {ok} of {len(run)} checks pass ({secs:.1f} s)")
     lines.append(
         f"{len(report.scenarios)} scenarios ({report.suite}); "
         f"{len(report.rotation_steps)} rotation steps during the rotation run"
     )
+    if report.modern:
+        lines += ["", modern_table(report.modern)]
     return "\n".join(lines)
 
 
@@ -384,6 +395,9 @@ def run_all(suite: Suite, root: Path, replicas: int = 3) -> Report:
             started = time.monotonic()
             report.runs[target] = run_suite(suite, url, run.out(target))
             report.seconds[target] = time.monotonic() - started
+        started = time.monotonic()
+        report.modern = asyncio.run(run_modern(fleet.url))
+        report.seconds["modern"] = time.monotonic() - started
         rotator = Rotator(fleet)
         started = time.monotonic()
         rotator.start()

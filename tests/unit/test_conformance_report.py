@@ -18,6 +18,7 @@ from fleetkit.conformance import (
     reasons_missing,
     table,
 )
+from fleetkit.conformance_modern import ModernResult, modern_table, suite_answer
 
 LIST_OUTPUT = """Server scenarios (test against a server):
   - server-initialize [2025-06-18,2025-11-25]
@@ -148,8 +149,28 @@ def test_the_table_has_one_row_per_check_and_a_column_per_target() -> None:
     report = _report(direct=direct, fleet=fleet, rotation=fleet)
     report.rotation_steps = ["stage", "promote", "retire"]
     lines = table(report).splitlines()
-    assert lines[0].split() == ["scenario", "check", "direct", "fleet", "rotation"]
+    assert lines[0].split() == ["scenario", "check", "direct", "fleet", "fleet-during-rotation"]
     assert lines[2].split() == ["a", "1", "pass", "pass", "pass"]
     assert lines[3].split() == ["b", "2", "FAIL", "pass", "pass"]
     assert lines[4].startswith("direct: 1 of 2 checks pass")
     assert lines[-1].endswith("3 rotation steps during the rotation run")
+
+
+def test_modern_probes_answer_each_question_as_the_suites_client_does() -> None:
+    assert suite_answer("Who?", {"properties": {"username": {}, "email": {}}}) == {
+        "username": "testuser",
+        "email": "test@example.com",
+    }
+    assert suite_answer("Profile", {"properties": {"name": {}, "age": {}}})["age"] == 25
+
+
+def test_the_modern_table_shows_each_call_its_result_and_the_replicas_reached() -> None:
+    text = modern_table(
+        [
+            ModernResult("tools-call-elicitation", True, 9, 8, ["replica-0", "replica-2"]),
+            ModernResult("tools-call-image", False, 2, 1, ["replica-1"], "content types []"),
+        ]
+    )
+    lines = text.splitlines()
+    assert lines[2].split() == ["tools-call-elicitation", "pass", "9", "replica-0,", "replica-2"]
+    assert lines[3].split()[:3] == ["tools-call-image", "FAIL", "content"]
