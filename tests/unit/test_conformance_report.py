@@ -148,12 +148,13 @@ def test_the_table_has_one_row_per_check_and_a_column_per_target() -> None:
     fleet = {("a", "1"): "SUCCESS", ("b", "2"): "SUCCESS"}
     report = _report(direct=direct, fleet=fleet, rotation=fleet)
     report.rotation_steps = ["stage", "promote", "retire"]
+    report.steps_during_suite = 3
     lines = table(report).splitlines()
     assert lines[0].split() == ["scenario", "check", "direct", "fleet", "fleet-during-rotation"]
     assert lines[2].split() == ["a", "1", "pass", "pass", "pass"]
     assert lines[3].split() == ["b", "2", "FAIL", "pass", "pass"]
     assert lines[4].startswith("direct: 1 of 2 checks pass")
-    assert lines[-1].endswith("3 rotation steps during the rotation run")
+    assert lines[-1].endswith("3 rotation steps attested during the rotation run")
 
 
 def test_modern_probes_answer_each_question_as_the_suites_client_does() -> None:
