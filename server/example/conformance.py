@@ -36,6 +36,7 @@ import struct
 import warnings
 import wave
 import zlib
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastmcp import Context, FastMCP
@@ -331,7 +332,7 @@ def _action(outcome: Outcome) -> str:
     return {"done": "accept", "declined": "decline", "cancelled": "cancel"}[outcome.status]
 
 
-def _completed(key: str) -> Any:
+def _completed(key: str) -> Callable[[Outcome], str]:
     def finish(outcome: Outcome) -> str:
         content = outcome.answers.get(key) if outcome.done else None
         return f"Elicitation completed: action={_action(outcome)}, content={json.dumps(content)}"
