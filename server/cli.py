@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--heartbeat", type=_positive, default=rep.heartbeat_interval)
     s.add_argument("--heartbeat-ttl", type=_positive, default=rep.heartbeat_ttl)
+    s.add_argument("--allowed-host", action="append", default=[], help="a Host also accepted")
+    s.add_argument("--allowed-origin", action="append", default=[], help="an Origin accepted")
 
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host)
@@ -254,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         state_ttl=args.state_ttl,
                         drain_timeout=args.drain_timeout,
                         session_idle=args.session_idle,
+                        allowed_hosts=tuple(args.allowed_host),
+                        allowed_origins=tuple(args.allowed_origin),
                         heartbeat_interval=args.heartbeat,
                         heartbeat_ttl=args.heartbeat_ttl,
                     )

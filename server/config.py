@@ -41,6 +41,12 @@ class ReplicaConfig:
     session_idle: float = SESSION_IDLE
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_ttl: float = HEARTBEAT_TTL
+    #: DNS-rebinding protection at the replica (FastMCP's Host/Origin guard in
+    #: "auto" mode): a loopback-bound replica accepts only loopback Host and
+    #: Origin values; these add to them, and any value set turns the guard on
+    #: whatever the bind address (patterns as FastMCP takes them: ``*.svc``).
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

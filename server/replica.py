@@ -79,7 +79,12 @@ class Replica:
             on_change=self._ring_changed,
             on_result=self.metrics.reload_result,
         )
-        inner = self.mcp_app.http_app(path=MCP_PATH)
+        inner = self.mcp_app.http_app(
+            path=MCP_PATH,
+            host_origin_protection="auto",
+            allowed_hosts=list(config.allowed_hosts) or None,
+            allowed_origins=list(config.allowed_origins) or None,
+        )
         self._inner = inner
         self.asgi: ASGIApp = ReplicaGate(
             inner, self.state, extra_routes={"/metrics": self.serve_metrics}

@@ -369,3 +369,25 @@ def test_dns_rebinding_is_refused_with_403(
     assert resp.status_code == 403, resp.text
     assert resp.json()["error"]["message"] == f"Forbidden: {refusal}"
     assert fine.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"host": "evil.example.com", "origin": "http://evil.example.com"}, 421),
+        ({"origin": "http://evil.example.com"}, 403),
+    ],
+)
+def test_a_replica_reached_directly_refuses_rebinding_too(
+    impatient_fleet: LocalFleet, headers: dict[str, str], status: int
+) -> None:
+    """Defence in depth: FastMCP's own guard, on at every replica (421 Host, 403 Origin)."""
+    direct = impatient_fleet.members["replica-0"].url + "/mcp"
+    with httpx.Client(timeout=10) as http:
+        hostile = http.post(
+            direct, content=initialize_body("rebinding"), headers={**JSON_HEADERS, **headers}
+        )
+        local = {**JSON_HEADERS, "origin": "http://localhost:6274"}
+        fine = http.post(direct, content=initialize_body("local"), headers=local)
+    assert hostile.status_code == status, hostile.text
+    assert fine.status_code == 200
