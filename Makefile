@@ -61,8 +61,9 @@ bench: venv deps
 	bash hack/ensure-debs.sh nginx
 	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
 
+# `make cluster-up FLEET=3 [TOKEN_TTL=60]`: also the operator, a KeyRing, 3 replicas and a router.
 cluster-up: venv tools
-	PYTHONPATH=tests $(PY) -m fleetkit.cluster up
+	PYTHONPATH=tests $(PY) -m fleetkit.cluster up $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
 
 cluster-down: venv
 	PYTHONPATH=tests $(PY) -m fleetkit.cluster down
