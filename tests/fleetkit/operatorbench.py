@@ -10,6 +10,7 @@ reported apart; the total excludes it.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def rotation_rows(rotations: int = 2) -> list[Row]:
         plane.stop()
     rows: list[Row] = []
     best = min(runs, key=lambda ts: (_t(ts["Complete"]) - _t(ts["Pending"])).total_seconds())
-    for phase, nxt in zip(ORDER, ORDER[1:], strict=False):
+    for phase, nxt in itertools.pairwise(ORDER):
         seconds = (_t(best[nxt]) - _t(best[phase])).total_seconds()
         note = f"= token TTL {TOKEN_TTL}s, by design" if phase == "Waiting" else "target < 2 s"
         rows.append((f"rotation with operator: {phase.lower()}", f"{seconds:.2f} s", "", note))
