@@ -606,6 +606,12 @@ def _advance(
             _apply_status(patch, previous, new)
             return
         view = current.view()
+        new_kid = str(previous.get("newKid") or "")
+        if not new_kid and view.owner == uid and view.phase != "stable":
+            # Resumed after a crash between the stage write and the status: the
+            # Secret says which keys this rotation staged.
+            old, new_kid = view.kids if view.phase == "staged" else view.kids[::-1]
+            new.update(oldKid=old, newKid=new_kid)
         conv = converge(_views(pods), attested, view.kids)
         mine, why = turn(
             uid,
@@ -623,7 +629,7 @@ def _advance(
             Observed(
                 uid=uid,
                 phase=recorded,
-                new_kid=str(previous.get("newKid") or ""),
+                new_kid=new_kid,
                 ring=view,
                 convergence=conv,
                 emergency=rot.emergency,
@@ -667,13 +673,6 @@ def _perform(
     elif decision.action == "retire":
         result = secretring.replace(rt.core, current, ring.retire(), owner=(name, uid))
     else:
-        if current.owner[1] == uid and ring.phase != "stable" and "newKid" not in new:
-            # Resumed after a crash between the stage write and the status: the
-            # Secret says which keys this rotation staged.
-            old, fresh = (ring.kids[0], ring.kids[1])
-            if ring.phase == "promoted":
-                old, fresh = fresh, old
-            new.update(oldKid=old, newKid=fresh)
         return None
     rt.metrics.secret_writes.labels(namespace, keyring, decision.action).inc()
     return result
