@@ -510,7 +510,7 @@ def rotation_deleted(
     with rt.lock(namespace, key_ring):
         current = secretring.read(rt.core, namespace, ring_spec.secret_name)
         view = current.view() if current is not None and current.ring is not None else None
-        action = on_delete(uid, view)
+        action = on_delete(uid, view, str(status.get("newKid") or ""))
         if action == "abort":
             assert current is not None and current.ring is not None
             aborted = current.ring.abort()

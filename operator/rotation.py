@@ -243,12 +243,13 @@ def _fail(message: str) -> Decision:
 DeleteAction = Literal["release", "abort", "finish"]
 
 
-def on_delete(uid: str, ring: RingView | None) -> DeleteAction:
-    """What deleting a rotation means, from the Secret alone.
+def on_delete(uid: str, ring: RingView | None, new_kid: str = "") -> DeleteAction:
+    """What deleting a rotation means, from the Secret (and the new kid, once known).
 
     Before promotion (the new key never sealed) the ring goes back to
     ``[old]``: always safe. After promotion, tokens are sealed with the new
-    key and the old one may still be in use, so the rotation finishes first.
+    key and the old one may still be in use, so the rotation finishes first,
+    through its last confirmation (every replica on ``[new]``).
     """
     if ring is None or ring.owner != uid:
         return "release"
@@ -256,4 +257,6 @@ def on_delete(uid: str, ring: RingView | None) -> DeleteAction:
         return "abort"
     if ring.phase == "promoted":
         return "finish"
+    if new_kid and ring.kids == (new_kid,):
+        return "finish"  # retired; Complete once every replica attests it
     return "release"

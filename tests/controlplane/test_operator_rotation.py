@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 from fleetkit.controlplane import ControlPlane, Helm, temporary_namespace, wait_for
 from fleetkit.cpfleet import cp_diagnostics
 from fleetkit.operatorkit import (
+    PEERING,
     OperatorEnv,
     RotationRecorder,
     operator_env,
@@ -273,7 +274,7 @@ def test_deleting_a_rotation_before_promotion_aborts_it_back_to_the_old_ring(
     ring = cf.ring()
     assert ring.phase == "stable" and ring.kids == old
     cf.wait_attested(old, timeout=30)
-    assert "Aborted" in res.event_reasons("abort-me")
+    wait_for(lambda: "Aborted" in res.event_reasons("abort-me"), timeout=15, what="Event")
     assert op.metric("mcpfleet_operator_rotations_total", result="aborted") == aborted_before + 1
     res.wait_keyring(RING, "Ready")
 
@@ -289,7 +290,11 @@ def test_deleting_a_rotation_after_promotion_finishes_it_first(env: OperatorEnv)
     ring = cf.ring()
     assert ring.phase == "stable" and ring.kids == (status["newKid"],)
     cf.wait_attested(ring.kids, timeout=30)
-    assert {"DeletionHeld", "Complete"} <= res.event_reasons("finish-me")
+    wait_for(
+        lambda: {"DeletionHeld", "Retiring", "Complete"} <= res.event_reasons("finish-me"),
+        timeout=15,
+        what=f"the Events of the held deletion, not {res.event_reasons('finish-me')}",
+    )
 
 
 def test_a_scheduled_rotation_starts_rotate_every_after_the_last_one(env: OperatorEnv) -> None:
@@ -330,11 +335,19 @@ def test_two_operators_only_one_acts_and_the_standby_finishes_when_it_dies(
     env.operator.stop()
     active = env.start_operator(priority=env.next_priority() + 10)
     standby = env.start_operator(priority=env.next_priority() - 100)
+
+    def peers() -> set[str]:
+        peering = res.custom.get_namespaced_custom_object(
+            "kopf.dev", "v1", env.namespace, "kopfpeerings", PEERING
+        )
+        return set(peering.get("status") or {})
+
     wait_for(
-        lambda: "Pausing operations in favour of" in standby.tail(200),
+        lambda: {active.identity, standby.identity} <= peers(),
         timeout=30,
-        what="the standby to pause",
+        what="both operators in the peering object",
     )
+    assert "Resuming operations" not in standby.tail(500), "the standby stays paused"
     old = cf.ring().kids
     cf.pause_volume("replica-0")  # hold the rotation in Staging while both run
     try:
@@ -347,6 +360,7 @@ def test_two_operators_only_one_acts_and_the_standby_finishes_when_it_dies(
     finally:
         cf.resume_volume("replica-0")
     status = res.wait_rotation("peered", "Complete", 90)
+    assert "Resuming operations" in standby.tail(500), "the standby took over"
     assert status["oldKid"] == old[0]
     assert standby.metric(writes, keyring=RING, step="promote") == 1
     assert standby.metric(writes, keyring=RING, step="retire") == 1

@@ -181,7 +181,8 @@ def test_turn_goes_to_the_oldest_pending_rotation_and_never_beside_an_active_one
 def test_deleting_aborts_before_promotion_and_finishes_after() -> None:
     assert on_delete(ME, RingView("staged", (OLD, NEW), ME)) == "abort"
     assert on_delete(ME, RingView("promoted", (NEW, OLD), ME)) == "finish"
-    assert on_delete(ME, RingView("stable", (NEW,), ME)) == "release"
+    assert on_delete(ME, RingView("stable", (NEW,), ME), NEW) == "finish", "retired, unconfirmed"
+    assert on_delete(ME, RingView("stable", (OLD,), ME), NEW) == "release"
     assert on_delete(ME, RingView("staged", (OLD, NEW), "other")) == "release"
     assert on_delete(ME, None) == "release"
 
