@@ -19,10 +19,12 @@ from kubernetes.client.exceptions import ApiException
 
 from fleetkit.controlplane import ControlPlane, Helm, temporary_namespace, wait_for
 from fleetkit.operatorkit import (
+    CHART,
     OPERATOR_ACCOUNT,
     OperatorEnv,
     keyring_body,
     operator_env,
+    render_chart,
 )
 from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION
 from mcpfleet.server.contract import KEYRING_FILE
@@ -264,3 +266,22 @@ def test_a_ring_key_never_appears_in_status_or_events(env: OperatorEnv) -> None:
     for text in (status, events, logs):
         assert secret_text not in text
     assert ring.kids[0] in status and ring.kids[0] in events, "the kid, not the key, is shown"
+
+
+def test_the_chart_renders_cluster_wide_rbac_and_peering_on_request(
+    env: OperatorEnv, helm: Helm
+) -> None:
+    docs = render_chart(helm, env.namespace, "operator.clusterWide=true", "operator.replicas=2")
+    kinds = {d["kind"] for d in docs}
+    assert {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"} <= kinds
+    assert not {"Role", "RoleBinding", "KopfPeering"} & kinds
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert ["clusterkopfpeerings"] in [r["resources"] for r in role["rules"]]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "strategy" not in deployment["spec"], "two replicas roll; peering keeps one active"
+    # Every rule of the chart's RBAC is commented (the why of each right).
+    rbac = (CHART / "templates" / "operator" / "rbac.yaml").read_text().splitlines()
+    for i, line in enumerate(rbac):
+        if line.strip().startswith("- apiGroups:"):
+            assert rbac[i - 1].strip().startswith("#"), f"rule without a comment: {line}"

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -325,6 +328,47 @@ def test_a_scheduled_rotation_starts_rotate_every_after_the_last_one(env: Operat
     assert ring["kids"] == [status["newKid"]]
     # the schedule restarts from this completion: no second rotation right away
     assert ring["lastRotation"]["name"] == name
+
+
+def _mcpfleet(
+    env: OperatorEnv, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``mcpfleet ARGS`` as a person runs it, with the admin kubeconfig."""
+    return subprocess.run(
+        [sys.executable, "-m", "mcpfleet.server.cli", *args],
+        env={**os.environ, "KUBECONFIG": str(env.plane.admin_kubeconfig), "PYTHONSAFEPATH": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_mcpfleet_rotate_wait_follows_the_rotation_and_exits_zero_on_complete(
+    env: OperatorEnv,
+) -> None:
+    before = env.fleet.ring().kids
+    done = _mcpfleet(env, "rotate", RING, "-n", env.namespace, "--reason", "cli", "--wait")
+    assert done.returncode == 0, done.stderr + done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"keyrotation {env.namespace}/{RING}-") and lines[0].endswith(
+        " created"
+    )
+    seen = " ".join(lines[1:])
+    for phase in ("Staging", "Promoting", "Waiting", "Retiring", "Complete"):
+        assert f": {phase}" in seen, done.stdout
+    assert "converged 3/3" in seen
+    after = env.fleet.ring().kids
+    assert after != before and len(after) == 1
+
+    status = _mcpfleet(env, "rotate", "--status", RING, "-n", env.namespace)
+    assert status.returncode == 0, status.stderr
+    assert f"kids: {after[0]} (first seals; ring stable)" in status.stdout
+    assert "replicas: 3/3 converged" in status.stdout
+    assert "Complete" in status.stdout and "- cli" in status.stdout
+
+    missing = _mcpfleet(env, "rotate", "no-such-ring", "-n", env.namespace)
+    assert missing.returncode == 2 and "no KeyRing no-such-ring" in missing.stderr
 
 
 def test_two_operators_only_one_acts_and_the_standby_finishes_when_it_dies(
