@@ -645,6 +645,9 @@ def _advance(
             return
         if written is not None:
             _nudge(rt, pods, written.resource_version)
+            assert written.ring is not None
+            # Convergence from now on is on the ring just written (none attest it yet).
+            conv = converge(_views(pods), attested, written.ring.kids)
         elif decision.lagging:
             _nudge(rt, pods, current.resource_version, decision.lagging)
     _record(rt, decision, conv, ring_spec, rot, name, namespace, body, clock, previous, new)
