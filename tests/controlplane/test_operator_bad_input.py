@@ -14,21 +14,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from redis.exceptions import NoPermissionError
 
 from fleetkit.controlplane import ControlPlane, Helm, temporary_namespace, wait_for
 from fleetkit.operatorkit import (
     CHART,
     OPERATOR_ACCOUNT,
+    READER,
     OperatorEnv,
     keyring_body,
     operator_env,
     render_chart,
 )
 from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION
-from mcpfleet.server.contract import KEYRING_FILE
+from mcpfleet.server.contract import KEYRING_FILE, RedisKeys
 from mcpfleet.server.keyring import KeyRing, compute_kid
+from mcpfleet.server.registry import read_replicas_sync
 
 pytestmark = pytest.mark.controlplane
 
@@ -285,3 +289,24 @@ def test_the_chart_renders_cluster_wide_rbac_and_peering_on_request(
     for i, line in enumerate(rbac):
         if line.strip().startswith("- apiGroups:"):
             assert rbac[i - 1].strip().startswith("#"), f"rule without a comment: {line}"
+
+
+def test_the_operator_reads_attestations_with_a_read_only_redis_account(
+    env: OperatorEnv,
+) -> None:
+    """Reads are reads: the operator's account may not write, and it needs not."""
+    reader = redis.Redis.from_url(env.operator.redis_url, socket_timeout=5)
+    keys = RedisKeys(env.fleet.fleet)
+    try:
+        reader.ping()
+        assert read_replicas_sync(reader, keys) == {}
+        with pytest.raises(NoPermissionError):
+            reader.sadd(keys.replicas, "intruder")
+    finally:
+        reader.close()
+    assert env.operator.redis_url.startswith(f"redis://{READER}:")
+    assert env.operator.redis_url.split("@")[0] not in " ".join(env.operator.argv())
+    # The operator ran its ticks with that account: it read the (empty) registry.
+    env.resources.create(KEYRINGS, _ring(env, "read-only"))
+    status = env.resources.wait_keyring("read-only", "Degraded")
+    assert status["message"] == "the selector matches no serving Pod", "not a Redis error"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -374,6 +375,8 @@ class OperatorEnv:
     kubeconfig: Path
     workdir: Path
     stall_after: float
+    #: What the operator reads attestations with: a read-only Redis account.
+    redis_url: str = ""
     operators: list[OperatorProcess] = field(default_factory=list)
     rendered: list[dict[str, Any]] = field(default_factory=list)
     _starts: int = 0
@@ -398,7 +401,7 @@ class OperatorEnv:
         op = OperatorProcess(
             kubeconfig=self.kubeconfig,
             namespace=self.namespace,
-            redis_url=self.fleet.redis_url,
+            redis_url=self.redis_url or self.fleet.redis_url,
             log=self.workdir / f"operator-{self._starts}.log",
             priority=priority if priority is not None else self.next_priority(),
             stall_after=self.stall_after,
@@ -449,9 +452,11 @@ def operator_env(
         replica_args=("--state-ttl", str(state_ttl)),
         fleet=fleet,
     ) as cf:
+        redis_url = read_only_redis_account(cf.redis_port)
         env = OperatorEnv(
             plane=plane,
             fleet=cf,
+            redis_url=redis_url,
             resources=Resources(admin, namespace),
             kubeconfig=kubeconfig,
             workdir=workdir,
@@ -464,6 +469,29 @@ def operator_env(
             yield env
         finally:
             env.stop()
+
+
+#: The read-only Redis account the operator uses in these environments.
+READER = "mcpfleet-operator"
+
+
+def read_only_redis_account(port: int) -> str:
+    """Create a Redis ACL user that may only read mcpfleet's keys; return its URL.
+
+    The operator runs with it, so any write it attempted (a "read" that
+    prunes, say) would fail loudly. The password is a throwaway and travels
+    in the environment, never in process arguments.
+    """
+    password = secrets.token_hex(16)
+    admin = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        admin.execute_command(
+            "ACL", "SETUSER", READER, "reset", "on", f">{password}",
+            "~mcpfleet:*", "+@read", "+@connection", "-@write", "-@admin", "-@dangerous",
+        )  # fmt: skip
+    finally:
+        admin.close()
+    return f"redis://{READER}:{password}@127.0.0.1:{port}/0"
 
 
 def ring_body_for(env: OperatorEnv, name: str, **kw: Any) -> dict[str, Any]:
