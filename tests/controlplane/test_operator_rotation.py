@@ -86,6 +86,28 @@ def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
         print(cp_diagnostics(env.fleet, plane_logs=False))
 
 
+def _mcpfleet_argv() -> list[str]:
+    return [sys.executable, "-m", "mcpfleet.server.cli"]
+
+
+def _mcpfleet_env(env: OperatorEnv) -> dict[str, str]:
+    return {**os.environ, "KUBECONFIG": str(env.plane.admin_kubeconfig), "PYTHONSAFEPATH": "1"}
+
+
+def _mcpfleet(
+    env: OperatorEnv, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``mcpfleet ARGS`` as a person runs it, with the admin kubeconfig."""
+    return subprocess.run(
+        [*_mcpfleet_argv(), *args],
+        env=_mcpfleet_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def _protocol(old: tuple[str, ...], new: str) -> list[tuple[str, ...]]:
     return [old, (old[0], new), (new, old[0]), (new,)]
 
@@ -266,18 +288,35 @@ def test_deleting_a_rotation_before_promotion_aborts_it_back_to_the_old_ring(
     old = cf.ring().kids
     aborted_before = op.metric("mcpfleet_operator_rotations_total", result="aborted")
     cf.pause_volume("replica-2")  # holds the rotation in Staging
+    # Requested as a person would, following it with --wait.
+    follower = subprocess.Popen(
+        [*_mcpfleet_argv(), "rotate", RING, "-n", env.namespace, "--wait"],
+        env=_mcpfleet_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        res.rotate("abort-me", RING)
-        res.wait_rotation("abort-me", "Staging")
+        assert follower.stdout is not None
+        first = follower.stdout.readline()
+        assert first.endswith(" created\n"), first
+        name = first.split("/", 1)[1].split()[0]
+        res.wait_rotation(name, "Staging")
         assert cf.ring().phase == "staged"
-        res.delete(KEYROTATIONS, "abort-me")
-        wait_for(lambda: res.get(KEYROTATIONS, "abort-me") is None, timeout=30, what="deletion")
+        res.delete(KEYROTATIONS, name)
+        wait_for(lambda: res.get(KEYROTATIONS, name) is None, timeout=30, what="deletion")
+        out, _ = follower.communicate(timeout=60)
     finally:
         cf.resume_volume("replica-2")
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 1, out
+    assert f"{name}: deleted (aborted)" in out
     ring = cf.ring()
     assert ring.phase == "stable" and ring.kids == old
     cf.wait_attested(old, timeout=30)
-    wait_for(lambda: "Aborted" in res.event_reasons("abort-me"), timeout=15, what="Event")
+    wait_for(lambda: "Aborted" in res.event_reasons(name), timeout=15, what="Event")
     assert op.metric("mcpfleet_operator_rotations_total", result="aborted") == aborted_before + 1
     res.wait_keyring(RING, "Ready")
 
@@ -328,20 +367,6 @@ def test_a_scheduled_rotation_starts_rotate_every_after_the_last_one(env: Operat
     assert ring["kids"] == [status["newKid"]]
     # the schedule restarts from this completion: no second rotation right away
     assert ring["lastRotation"]["name"] == name
-
-
-def _mcpfleet(
-    env: OperatorEnv, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """``mcpfleet ARGS`` as a person runs it, with the admin kubeconfig."""
-    return subprocess.run(
-        [sys.executable, "-m", "mcpfleet.server.cli", *args],
-        env={**os.environ, "KUBECONFIG": str(env.plane.admin_kubeconfig), "PYTHONSAFEPATH": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_mcpfleet_rotate_wait_follows_the_rotation_and_exits_zero_on_complete(
