@@ -475,6 +475,8 @@ def rotation_tick(
 ) -> None:
     """Drive one rotation a step further, if the world allows it."""
     assert namespace is not None, "namespaced resources only"
+    if meta.get("deletionTimestamp"):
+        return  # the deletion handler decides now: abort, or finish first
     rt: Runtime = memo
     _advance(rt, name, namespace, uid, spec, status, meta, body, patch, indexes)
 

@@ -233,7 +233,10 @@ def decide(o: Observed) -> Decision:
         if not conv.done:
             return _awaiting("Retiring", conv)
         return Decision("complete", "Retiring", "Complete", "every replica holds only the new key")
-    return _fail(f"the ring [{', '.join(ring.kids)}] is not where this rotation left it")
+    return _fail(
+        f"the ring [{', '.join(ring.kids)}] is not where this rotation left it: "
+        "it was changed outside the operator"
+    )
 
 
 def _fail(message: str) -> Decision:

@@ -284,6 +284,12 @@ def test_the_chart_renders_cluster_wide_rbac_and_peering_on_request(
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "strategy" not in deployment["spec"], "two replicas roll; peering keeps one active"
+    # The API server accepts the rendered Deployment (a server-side dry run).
+    dry = k8s.AppsV1Api(env.resources.api).create_namespaced_deployment(
+        env.namespace, deployment, dry_run="All"
+    )
+    assert dry.spec.template.spec.service_account_name == OPERATOR_ACCOUNT
+    helm.run("lint", str(CHART))
     # Every rule of the chart's RBAC is commented (the why of each right).
     rbac = (CHART / "templates" / "operator" / "rbac.yaml").read_text().splitlines()
     for i, line in enumerate(rbac):

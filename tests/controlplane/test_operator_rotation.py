@@ -321,6 +321,29 @@ def test_deleting_a_rotation_before_promotion_aborts_it_back_to_the_old_ring(
     res.wait_keyring(RING, "Ready")
 
 
+def test_a_secret_changed_behind_the_operator_fails_the_rotation_and_loses_no_key(
+    env: OperatorEnv,
+) -> None:
+    cf, res, op = env.fleet, env.resources, env.operator
+    old = cf.ring().kids
+    failed_before = op.metric("mcpfleet_operator_rotations_total", result="failed")
+    cf.pause_volume("replica-0")  # holds the rotation in Staging
+    try:
+        res.rotate("overruled", RING)
+        res.wait_rotation("overruled", "Staging")
+        cf.rotate_step("abort")  # a person puts the old ring back by hand
+        status = res.wait_rotation("overruled", "Failed")
+    finally:
+        cf.resume_volume("replica-0")
+    assert "changed outside the operator" in status["message"]
+    assert cf.ring().kids == old, "the operator did not overwrite the person's ring"
+    assert op.metric("mcpfleet_operator_rotations_total", result="failed") == failed_before + 1
+    wait_for(lambda: "Failed" in res.event_reasons("overruled"), timeout=15, what="Event")
+    # The next rotation starts from the ring as it is.
+    res.rotate("after-overruled", RING, mode="Emergency")
+    assert res.wait_rotation("after-overruled", "Complete", 60)["oldKid"] == old[0]
+
+
 def test_deleting_a_rotation_after_promotion_finishes_it_first(env: OperatorEnv) -> None:
     cf, res = env.fleet, env.resources
     res.rotate("finish-me", RING)
