@@ -264,9 +264,11 @@ def keyring_tick(
         _keyring_invalid(new, previous, str(exc))
         _apply_status(patch, previous, new)
         return
+    created_now = False
     with rt.lock(namespace, name):
         current = secretring.read(rt.core, namespace, ring_spec.secret_name)
         if current is None:
+            created_now = True
             try:
                 current = secretring.create(
                     rt.core, namespace, ring_spec.secret_name, KeyRing.generate(), keyring=name
@@ -296,7 +298,7 @@ def keyring_tick(
         _apply_status(patch, previous, new)
         return
     ring = current.ring
-    if not previous.get("kids"):
+    if not previous.get("kids") and not created_now:
         kopf.event(
             body,
             type="Normal",
