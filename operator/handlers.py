@@ -280,7 +280,8 @@ def keyring_tick(
                 body,
                 type="Normal",
                 reason="Created",
-                message=f"created Secret {ring_spec.secret_name} with a new one-key ring",
+                message=f"created Secret {ring_spec.secret_name} with a new one-key ring "
+                f"(kid {current.ring.kids[0] if current.ring else '?'})",
             )
     if current.ring is None:
         if previous.get("phase") != "Invalid":
