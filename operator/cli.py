@@ -147,7 +147,17 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         logging.getLogger().handlers.clear()
         kopf.configure(log_format=kopf.LogFormat.JSON)
-    runtime = handlers.Runtime(api=api_client(), redis_url=args.redis, stall_after=args.stall_after)
+    api = api_client()
+    if not args.standalone:
+        missing = missing_peering(api, args.peering, None if args.all_namespaces else namespaces)
+        if missing:
+            print(
+                f"mcpfleet operator: error: no {missing} (the chart creates it); "
+                "create it, or run with --standalone",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+    runtime = handlers.Runtime(api=api, redis_url=args.redis, stall_after=args.stall_after)
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = args.peering_lifetime
@@ -172,6 +182,40 @@ def run_operator(args: argparse.Namespace) -> int:
         memo=runtime,
     )
     return 0
+
+
+def missing_peering(api: Any, name: str, namespaces: list[str] | None) -> str:
+    """The peering object kopf would wait for forever, if it is missing ('' if all exist).
+
+    With a peering name kopf starts paused until it sees its peers in that
+    object; without the object it would stay paused, silently. A 403 (no
+    right to look) is not a verdict: kopf will say more.
+    """
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    custom = k8s.CustomObjectsApi(api)
+    try:
+        if namespaces is None:
+            try:
+                custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return f"ClusterKopfPeering {name}"
+                raise
+            return ""
+        for namespace in namespaces:
+            try:
+                custom.get_namespaced_custom_object(
+                    "kopf.dev", "v1", namespace, "kopfpeerings", name
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return f"KopfPeering {name} in namespace {namespace}"
+                raise
+    except ApiException as exc:
+        log.warning("cannot check the peering object %s: %s", name, exc.reason)
+    return ""
 
 
 # --------------------------------------------------------------------------- rotate

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -316,3 +319,25 @@ def test_the_operator_reads_attestations_with_a_read_only_redis_account(
     env.resources.create(KEYRINGS, _ring(env, "read-only"))
     status = env.resources.wait_keyring("read-only", "Degraded")
     assert status["message"] == "the selector matches no serving Pod", "not a Redis error"
+
+
+def test_the_operator_refuses_to_start_paused_forever_without_its_peering_object(
+    env: OperatorEnv, admin_api: k8s.ApiClient
+) -> None:
+    with temporary_namespace(admin_api, "no-peering") as namespace:
+        result = subprocess.run(
+            [sys.executable, "-m", "mcpfleet.server.cli", "operator", "-n", namespace],
+            env={
+                **os.environ,
+                "KUBECONFIG": str(env.plane.admin_kubeconfig),
+                "MCPFLEET_REDIS_URL": env.redis_url,
+                "PYTHONSAFEPATH": "1",
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 2, result.stderr
+    assert f"no KopfPeering mcpfleet in namespace {namespace}" in result.stderr
+    assert "--standalone" in result.stderr
