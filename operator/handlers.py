@@ -69,6 +69,9 @@ log = logging.getLogger("mcpfleet.operator")
 #: How often a running rotation is re-examined, and a KeyRing's status refreshed.
 ROTATION_TICK = 0.25
 KEYRING_TICK = 1.0
+#: After an unexpected error (an API or Redis hiccup) a handler retries this
+#: soon, not after kopf's default minute: a rotation must not idle that long.
+ERROR_BACKOFF = 1.0
 
 
 @dataclass
@@ -241,7 +244,7 @@ def _nudge(rt: Runtime, pods: Iterable[k8s.V1Pod], version: str, only: Iterable[
 # --------------------------------------------------------------------------- KeyRing
 
 
-@kopf.timer(GROUP, VERSION, KEYRINGS, interval=KEYRING_TICK, initial_delay=0)
+@kopf.timer(GROUP, VERSION, KEYRINGS, interval=KEYRING_TICK, initial_delay=0, backoff=ERROR_BACKOFF)
 def keyring_tick(
     name: str,
     namespace: str | None,
@@ -462,7 +465,13 @@ def _not_terminal(status: kopf.Status, **_: Any) -> bool:
 
 
 @kopf.timer(
-    GROUP, VERSION, KEYROTATIONS, interval=ROTATION_TICK, initial_delay=0, when=_not_terminal
+    GROUP,
+    VERSION,
+    KEYROTATIONS,
+    interval=ROTATION_TICK,
+    initial_delay=0,
+    backoff=ERROR_BACKOFF,
+    when=_not_terminal,
 )
 def rotation_tick(
     name: str,
@@ -484,7 +493,7 @@ def rotation_tick(
     _advance(rt, name, namespace, uid, spec, status, meta, body, patch, indexes)
 
 
-@kopf.on.delete(GROUP, VERSION, KEYROTATIONS)
+@kopf.on.delete(GROUP, VERSION, KEYROTATIONS, backoff=ERROR_BACKOFF)
 def rotation_deleted(
     name: str,
     namespace: str | None,
