@@ -179,3 +179,53 @@ def test_the_metric_names_are_the_contract() -> None:
         )
         == 2
     )
+
+
+def test_rotate_wait_prints_phase_convergence_lagging_and_stalls() -> None:
+    from mcpfleet.operator.cli import progress_line
+
+    assert progress_line({}) == "Pending"
+    line = progress_line(
+        {
+            "phase": "Staging",
+            "convergence": "2/3",
+            "newKid": "abcd0123",
+            "lagging": ["replica-1"],
+            "stalled": True,
+            "message": "waiting",
+        }
+    )
+    assert line == "Staging converged 2/3 new kid abcd0123 lagging: replica-1 STALLED - waiting"
+
+
+def test_rotate_status_prints_the_ring_and_its_history(capsys: pytest.CaptureFixture[str]) -> None:
+    from mcpfleet.operator.cli import print_status
+
+    keyring = {
+        "metadata": {"name": "keys", "namespace": "ns"},
+        "status": {
+            "phase": "Ready",
+            "kids": ["bbbb0002"],
+            "ringPhase": "stable",
+            "replicas": {"desired": 3, "converged": 3, "lagging": []},
+        },
+    }
+    history = [
+        {
+            "metadata": {"name": "keys-1", "creationTimestamp": "2026-11-30T08:00:00Z"},
+            "spec": {"keyRing": "keys", "mode": "Emergency", "reason": "leak"},
+            "status": {
+                "phase": "Complete",
+                "oldKid": "aaaa0001",
+                "newKid": "bbbb0002",
+                "phaseTimestamps": {"Complete": "2026-11-30T08:00:05.000Z"},
+            },
+        }
+    ]
+    print_status(keyring, history)
+    out = capsys.readouterr().out
+    assert "keyring ns/keys: Ready" in out
+    assert "kids: bbbb0002 (first seals; ring stable)" in out
+    assert "replicas: 3/3 converged" in out
+    assert "keys-1: Complete aaaa0001 -> bbbb0002 (Emergency)" in out
+    assert "ended 2026-11-30T08:00:05.000Z - leak" in out
