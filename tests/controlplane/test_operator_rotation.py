@@ -252,16 +252,21 @@ def test_operator_killed_after_each_step_resumes_without_skipping_a_confirmation
 
 
 def test_a_second_rotation_waits_pending_until_the_first_completes(env: OperatorEnv) -> None:
-    res = env.resources
-    res.rotate("first", RING)
-    res.wait_rotation("first", "Staging")
-    res.rotate("second", RING)
-    waiting = wait_for(
-        lambda: "rotation first" in (s := res.rotation("second")).get("message", "") and s,
-        timeout=30,
-        what="the second rotation to say what it waits for",
-    )
-    assert waiting["phase"] == "Pending"
+    cf, res = env.fleet, env.resources
+    cf.pause_volume("replica-2")  # holds the first rotation in Staging
+    try:
+        res.rotate("first", RING)
+        res.wait_rotation("first", "Staging")
+        res.rotate("second", RING)
+        waiting = wait_for(
+            lambda: "rotation first" in (s := res.rotation("second")).get("message", "") and s,
+            timeout=30,
+            what="the second rotation to say what it waits for",
+        )
+        assert waiting["phase"] == "Pending"
+        assert "Staging" not in waiting.get("phaseTimestamps", {})
+    finally:
+        cf.resume_volume("replica-2")
     first = res.wait_rotation("first", "Complete", 90)
     second = res.wait_rotation("second", "Complete", 90)
     assert second["oldKid"] == first["newKid"]
