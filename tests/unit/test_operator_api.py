@@ -229,3 +229,59 @@ def test_rotate_status_prints_the_ring_and_its_history(capsys: pytest.CaptureFix
     assert "replicas: 3/3 converged" in out
     assert "keys-1: Complete aaaa0001 -> bbbb0002 (Emergency)" in out
     assert "ended 2026-11-30T08:00:05.000Z - leak" in out
+
+
+class _FakeCore:
+    """Enough of CoreV1Api for secretring: a Secret store with resourceVersion checks."""
+
+    def __init__(self, secret: k8s.V1Secret) -> None:
+        self.secret = secret
+        self.writes: list[str] = []
+
+    def read_namespaced_secret(self, name: str, namespace: str) -> k8s.V1Secret:
+        return k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(
+                name=name,
+                namespace=namespace,
+                resource_version=self.secret.metadata.resource_version,
+                annotations=dict(self.secret.metadata.annotations or {}),
+            ),
+            data=dict(self.secret.data or {}),
+        )
+
+    def replace_namespaced_secret(
+        self, name: str, namespace: str, body: k8s.V1Secret
+    ) -> k8s.V1Secret:
+        from kubernetes.client.exceptions import ApiException
+
+        if body.metadata.resource_version != self.secret.metadata.resource_version:
+            raise ApiException(status=409, reason="Conflict")
+        self.writes.append(body.metadata.resource_version)
+        version = str(int(body.metadata.resource_version) + 1)
+        body.metadata.resource_version = version
+        self.secret = body
+        return self.read_namespaced_secret(name, namespace)
+
+
+def test_every_secret_write_carries_the_version_it_read_and_a_stale_one_is_refused() -> None:
+    from mcpfleet.operator import secretring
+
+    ring = KeyRing.generate()
+    store = _FakeCore(
+        k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(name="s", namespace="ns", resource_version="7"),
+            data={KEYRING_FILE: base64.b64encode(ring.to_document()).decode()},
+        )
+    )
+    core: Any = store
+    stale = secretring.read(core, "ns", "s")
+    staged = secretring.apply_step(core, "ns", "s", "stage", owner=("rot", "uid-1"))
+    assert store.writes == ["7"] and staged.kids[0] == ring.kids[0]
+    now = secretring.read(core, "ns", "s")
+    assert now is not None and now.owner == ("rot", "uid-1") and now.view().phase == "staged"
+    assert stale is not None and stale.ring is not None
+    with pytest.raises(secretring.SecretConflict):
+        secretring.replace(core, stale, stale.ring.stage())
+    assert store.writes == ["7"], "the stale write changed nothing"
+    with pytest.raises(ValueError, match="unknown rotation step"):
+        secretring.apply_step(core, "ns", "s", "explode")
