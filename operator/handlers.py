@@ -738,10 +738,8 @@ def _record(
         rt.metrics.set_phase(namespace, keyring, "idle")
         rt.metrics.stalled.labels(namespace, keyring).set(0)
         rt.forget(str(body.get("metadata", {}).get("uid", "")))
-        conv_view = conv
     else:
         rt.metrics.set_phase(namespace, keyring, phase)
-        conv_view = conv
     stalled = (
         decision.action == "wait"
         and decision.phase in ACTIVE_PHASES
@@ -761,9 +759,9 @@ def _record(
         kopf.event(body, type="Normal", reason="CaughtUp", message="every replica attests again")
     rt.metrics.stalled.labels(namespace, keyring).set(1 if stalled else 0)
     new.update(
-        desired=len(conv_view.desired),
-        converged=len(conv_view.converged),
-        convergence=conv_view.ratio,
+        desired=len(conv.desired),
+        converged=len(conv.converged),
+        convergence=conv.ratio,
         lagging=list(decision.lagging),
         stalled=stalled,
     )
