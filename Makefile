@@ -89,8 +89,9 @@ rules-check: deps
 	promtool check rules charts/mcpfleet/rules/mcpfleet.rules.yaml
 	cd deploy/monitoring/tests && promtool test rules *.test.yaml
 
+# `make cluster-up FLEET=3 [TOKEN_TTL=60]`: also the operator, a KeyRing, 3 replicas and a router.
 cluster-up: venv tools
-	PYTHONPATH=tests $(PY) -m fleetkit.cluster up
+	PYTHONPATH=tests $(PY) -m fleetkit.cluster up $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
 
 cluster-down: venv
 	PYTHONPATH=tests $(PY) -m fleetkit.cluster down

@@ -2,8 +2,10 @@
 
 Subcommands: ``serve`` (one replica), ``router``, ``keys`` (generate and
 rotate a local key ring directory), ``dev`` (a whole local fleet), ``demo``
-(a real client run against a fleet). Errors a user can fix are printed as one
-clear line and exit with status 2; nothing prints key material.
+(a real client run against a fleet), ``operator`` and ``rotate`` (the key
+ring operator and its client, in ``mcpfleet.operator.cli``). Errors a user
+can fix are printed as one clear line and exit with status 2; nothing prints
+key material.
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo", help="book a flight through a fleet and show where rounds land")
     m.add_argument("--url", default="http://127.0.0.1:8000/mcp")
     m.add_argument("--era", choices=["modern", "handshake"], default="modern")
+
+    from mcpfleet.operator.cli import add_parsers as add_operator_parsers
+
+    add_operator_parsers(sub)  # `operator` and `rotate`
     return p
 
 
@@ -292,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mcpfleet.server.demo import run_demo
 
             asyncio.run(run_demo(args.url, args.era))
+        elif args.command in ("operator", "rotate"):
+            from mcpfleet.operator.cli import run as run_operator_command
+
+            return run_operator_command(args)
     except (UsageError, AppLoadError) as exc:
         print(f"mcpfleet: error: {exc}", file=sys.stderr)
         return 2

@@ -4,8 +4,11 @@ A replica writes its :class:`~mcpfleet.server.contract.Attestation` under its
 own key with a TTL a few heartbeats long, and adds its name to the fleet's
 replica set. Readers (router, operator, tests) take the set and fetch every
 record in one round trip; a name whose record expired is a replica that
-stopped heart-beating, and is pruned from the set. No key material is ever
-written: attestations carry kids.
+stopped heart-beating, and is skipped. Reading never writes: the operator
+reads attestations with a read-only Redis account. The names of dead
+replicas are pruned from the set by the writers (every replica, now and
+then, through :func:`prune_replicas`). No key material is ever written:
+attestations carry kids.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -52,31 +56,57 @@ def text(value: bytes | str) -> str:
 
 
 async def read_replicas(client: aioredis.Redis, keys: RedisKeys) -> dict[str, Attestation]:
-    """All live replicas' attestations, by name. Raises RedisError when Redis is down."""
+    """All live replicas' attestations, by name. Raises RedisError when Redis is down.
+
+    Read-only (SMEMBERS and MGET): a reader may hold a read-only account.
+    """
     names = sorted(text(n) for n in await client.smembers(keys.replicas))
     if not names:
         return {}
-    raws = await client.mget([keys.replica(n) for n in names])
+    return _parse_records(names, await client.mget([keys.replica(n) for n in names]))
+
+
+def read_replicas_sync(client: redis.Redis, keys: RedisKeys) -> dict[str, Attestation]:
+    """:func:`read_replicas` with a blocking client (the operator's handlers run in threads)."""
+    names = sorted(text(n) for n in client.smembers(keys.replicas))
+    if not names:
+        return {}
+    return _parse_records(names, client.mget([keys.replica(n) for n in names]))
+
+
+def _parse_records(names: list[str], raws: Sequence[bytes | str | None]) -> dict[str, Attestation]:
     live: dict[str, Attestation] = {}
-    gone: list[str] = []
     for name, raw in zip(names, raws, strict=True):
         if raw is None:
-            gone.append(name)
-            continue
+            continue  # stopped heart-beating; a writer prunes the name
         try:
             live[name] = Attestation.from_json(raw)
         except ValueError as exc:
             log.warning("ignoring malformed attestation of %s: %s", name, exc)
-    if gone:
-        # Re-check before pruning: a replica may have re-registered meanwhile.
-        pipe = client.pipeline()
-        for name in gone:
-            pipe.exists(keys.replica(name))
-        still = await pipe.execute()
-        dead = [n for n, alive in zip(gone, still, strict=True) if not alive]
-        if dead:
-            await client.srem(keys.replicas, *dead)
     return live
+
+
+async def prune_replicas(client: aioredis.Redis, keys: RedisKeys) -> list[str]:
+    """Remove from the replica set the names whose record expired; return them.
+
+    A writer's job (it needs SREM): replicas call it every few heartbeats, so
+    the set stays bounded by the live replicas plus the recently dead.
+    """
+    names = sorted(text(n) for n in await client.smembers(keys.replicas))
+    if not names:
+        return []
+    pipe = client.pipeline()
+    for name in names:
+        pipe.exists(keys.replica(name))
+    alive = await pipe.execute()
+    dead = [n for n, there in zip(names, alive, strict=True) if not there]
+    if dead:
+        await client.srem(keys.replicas, *dead)
+    return dead
+
+
+#: A publisher prunes the replica set once per this many heartbeats.
+PRUNE_EVERY = 10
 
 
 class Publisher:
@@ -113,9 +143,13 @@ class Publisher:
         self._wake.set()
 
     async def run(self) -> None:
+        beats = 0
         while True:
             try:
                 await self.publish_once()
+                beats += 1
+                if beats % PRUNE_EVERY == 1:
+                    await prune_replicas(self.client, self.keys)
                 if self.healthy is not True:
                     log.info("registered in Redis %s", self.redis_label)
                 self.healthy = True

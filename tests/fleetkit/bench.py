@@ -489,6 +489,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     rows = asyncio.run(measure(args.quick))
+    from fleetkit.operatorbench import rotation_rows
+
+    rows += rotation_rows(1 if args.quick else 3)
     print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print(render(rows))
 

@@ -16,8 +16,9 @@ operator would do around the replicas is played here, through the API:
   the replica is killed, has drained, or the fleet stops;
 - :meth:`ControlPlaneFleet.rotate_step` reads the Secret, applies one
   :class:`~mcpfleet.server.keyring.KeyRing` step and writes it back with an
-  update carrying the resourceVersion it read (optimistic concurrency, as the
-  operator must), as a ServiceAccount allowed only ``get``/``update`` on it;
+  update carrying the resourceVersion it read, through the operator's own
+  Secret code (:mod:`mcpfleet.operator.secretring`), as a ServiceAccount
+  allowed only ``get``/``update`` on it;
 - a Pod named like each replica (``replica-0``...), labelled with
   :data:`~mcpfleet.server.contract.COMPONENT_LABEL` ``server`` and
   :data:`~mcpfleet.server.contract.KEYRING_LABEL`, mounting the Secret, exists
@@ -29,7 +30,6 @@ operator would do around the replicas is played here, through the API:
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -43,8 +43,9 @@ from kubernetes.client.exceptions import ApiException
 from fleetkit.controlplane import LOOPBACK, ControlPlane, make_pod_ready
 from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
+from mcpfleet.operator import secretring
 from mcpfleet.server.appload import DEFAULT_APP
-from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
+from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_LABEL
 from mcpfleet.server.devfleet import FleetError, LocalFleet, Proc, Replica
 from mcpfleet.server.keydir import read_ring
 from mcpfleet.server.keyring import KeyRing
@@ -167,17 +168,15 @@ class ControlPlaneFleet(LocalFleet):
                 ),
             )
         )
-        secret = k8s.V1Secret(
-            metadata=k8s.V1ObjectMeta(
-                name=self.secret_name,
-                labels={"app.kubernetes.io/name": "mcpfleet", KEYRING_LABEL: self.secret_name},
-            ),
-            type="Opaque",
-            data={KEYRING_FILE: _b64(KeyRing.generate().to_document())},
-        )
-        _create_unless_exists(
-            lambda: k8s.CoreV1Api(self.admin).create_namespaced_secret(self.namespace, secret)
-        )
+        # As `helm install` would: the operator adopts a Secret that holds a valid ring.
+        with contextlib.suppress(secretring.SecretConflict):
+            secretring.create(
+                k8s.CoreV1Api(self.admin),
+                self.namespace,
+                self.secret_name,
+                KeyRing.generate(),
+                labels={"app.kubernetes.io/managed-by": "Helm"},
+            )
 
     def replica_keys_dir(self, name: str) -> Path:
         """Replica ``name``'s own volume: nothing but its syncer writes there."""
@@ -254,30 +253,57 @@ class ControlPlaneFleet(LocalFleet):
 
     @staticmethod
     def ring_of(secret: k8s.V1Secret) -> KeyRing:
-        data = secret.data or {}
-        if KEYRING_FILE not in data:
+        read = secretring.ring_of(secret)
+        if read.ring is None:
             name = secret.metadata.name if secret.metadata else "?"
-            raise FleetError(f"secret {name} has no {KEYRING_FILE}")
-        return KeyRing.from_document(base64.b64decode(data[KEYRING_FILE]))
+            raise FleetError(f"secret {name}: {read.error}")
+        return read.ring
 
     def replace_ring(self, secret: k8s.V1Secret, ring: KeyRing) -> k8s.V1Secret:
-        """Write ``ring`` into ``secret`` as read: refused (409) if it changed since."""
-        secret.data = {**(secret.data or {}), KEYRING_FILE: _b64(ring.to_document())}
-        assert secret.metadata is not None and secret.metadata.resource_version
-        result: k8s.V1Secret = k8s.CoreV1Api(self.rotator).replace_namespaced_secret(
-            self.secret_name, self.namespace, secret
-        )
-        return result
+        """Write ``ring`` into ``secret`` as read: refused (409) if it changed since.
+
+        The operator's own Secret code (:mod:`mcpfleet.operator.secretring`) does
+        the write; a conflict surfaces as the API's 409, as a client sees it.
+        """
+        try:
+            written = secretring.replace(
+                k8s.CoreV1Api(self.rotator), secretring.RingSecret(secret, None), ring
+            )
+        except secretring.SecretConflict as exc:
+            raise ApiException(status=409, reason=str(exc)) from None
+        return written.secret
 
     def ring(self) -> KeyRing:
         return self.ring_of(self.keyring_secret())
 
     def rotate_step(self, step: str) -> KeyRing:
         """Read the Secret, apply stage/promote/retire/abort, update it (resourceVersion)."""
-        secret = self.keyring_secret()
-        ring: KeyRing = getattr(self.ring_of(secret), step)()
-        self.replace_ring(secret, ring)
-        return ring
+        return secretring.apply_step(
+            k8s.CoreV1Api(self.rotator), self.namespace, self.secret_name, step
+        )
+
+    def pause_volume(self, name: str) -> None:
+        """Stop replica ``name``'s volume updates: it keeps the ring it has (a stuck kubelet)."""
+        with self._lock:
+            volume = self.volumes[name]
+        volume.syncer.stop()
+
+    def resume_volume(self, name: str) -> None:
+        """Sync replica ``name``'s volume again (a fresh GET, then WATCH): a kubelet recovering."""
+        with self._lock:
+            old = self.volumes[name]
+        old.api.close()
+        api = self._service_account_client(self.volume_account)
+        syncer = SecretVolumeSyncer(
+            api,
+            self.namespace,
+            self.secret_name,
+            self.replica_keys_dir(name),
+            default_mode=KEYS_MODE,
+        )
+        syncer.start(wait=20.0)
+        with self._lock:
+            self.volumes[name] = _Volume(syncer, api)
 
     # --- Pods ---------------------------------------------------------------------------
 
@@ -408,10 +434,6 @@ class ControlPlaneFleet(LocalFleet):
                 f" rv={s.resource_version} last_error={s.last_error!r}"
             )
         return "\n".join(out)
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def _create_unless_exists(create: Callable[[], object]) -> None:

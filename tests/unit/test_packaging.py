@@ -49,7 +49,7 @@ def test_built_wheel_maps_the_folders_under_mcpfleet(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "mcpfleet/server/__init__.py" in names
     assert "mcpfleet/server/example/app.py" in names
-    assert "mcpfleet/operator/keyrotation.py" in names
+    assert "mcpfleet/operator/rotation.py" in names
     assert not any(n.startswith(("operator/", "server/", "tests/")) for n in names)
     assert "operator/__init__.py" not in names and "mcpfleet/__init__.py" not in names
 

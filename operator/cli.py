@@ -1,0 +1,364 @@
+"""``mcpfleet operator`` and ``mcpfleet rotate``: run the operator, request and follow rotations.
+
+``server/cli.py`` owns the ``mcpfleet`` command and delegates these two
+subcommands here (:func:`add_parsers`, :func:`run`). kopf and the Kubernetes
+client are imported only when one of them runs, so the replica and the router
+start without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from mcpfleet.operator.api import GROUP, KEYRING_REF_LABEL, KEYRINGS, KEYROTATIONS, VERSION
+
+log = logging.getLogger("mcpfleet.operator")
+
+#: Exit statuses of ``mcpfleet rotate --wait``.
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the ``operator`` and ``rotate`` subcommands to ``mcpfleet``'s parser."""
+    o = sub.add_parser("operator", help="run the key ring operator (kopf)")
+    where = o.add_mutually_exclusive_group()
+    where.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeat for more; default: $POD_NAMESPACE)",
+    )
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    o.add_argument(
+        "--redis",
+        default=os.environ.get("MCPFLEET_REDIS_URL", ""),
+        help="Redis URL to read attestations from (default: $MCPFLEET_REDIS_URL); "
+        "a read-only account is enough",
+    )
+    o.add_argument("--metrics-host", default="0.0.0.0")
+    o.add_argument("--metrics-port", type=int, default=9090)
+    o.add_argument("--health-host", default="0.0.0.0")
+    o.add_argument("--health-port", type=int, default=8080, help="kopf's liveness: GET /healthz")
+    o.add_argument(
+        "--peering",
+        default="mcpfleet",
+        help="KopfPeering object the operator replicas share (only one acts)",
+    )
+    o.add_argument("--standalone", action="store_true", help="no peering: act alone")
+    o.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; the highest alive acts (default: random, so two never tie)",
+    )
+    o.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=60,
+        help="seconds after its last keep-alive that a silent operator is presumed dead",
+    )
+    o.add_argument(
+        "--stall-after",
+        type=float,
+        default=120.0,
+        help="seconds a rotation step may wait for replicas before it is reported stalled",
+    )
+    o.add_argument("--log-format", choices=["plain", "json"], default="plain")
+
+    r = sub.add_parser("rotate", help="rotate a KeyRing's key (creates a KeyRotation)")
+    r.add_argument("keyring", help="the KeyRing's name")
+    r.add_argument("-n", "--namespace", default=None, help="default: the kubeconfig's namespace")
+    r.add_argument("--emergency", action="store_true", help="skip the token TTL wait")
+    r.add_argument("--reason", default="", help="why (kept in the KeyRotation and its Events)")
+    r.add_argument("--wait", action="store_true", help="follow the rotation until it ends")
+    r.add_argument("--timeout", type=float, default=None, help="give up waiting after SECONDS")
+    r.add_argument("--status", action="store_true", help="print the ring and its history")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "operator":
+        return run_operator(args)
+    return run_rotate(args)
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def api_client() -> Any:
+    """A Kubernetes API client: in-cluster in a Pod, else from $KUBECONFIG."""
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    configuration = k8s.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration, persist_config=False
+        )
+    # kopf's thread pool calls the API from many threads at once.
+    configuration.connection_pool_maxsize = 32
+    return k8s.ApiClient(configuration)
+
+
+def default_namespace() -> str:
+    from kubernetes import config as k8s_config
+
+    try:
+        _, active = k8s_config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
+        return str(active["context"].get("namespace") or "default")
+    except Exception:
+        return os.environ.get("POD_NAMESPACE", "default")
+
+
+# --------------------------------------------------------------------------- operator
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from mcpfleet.operator import handlers  # registers the handlers with kopf
+    from mcpfleet.server.registry import redact_url
+
+    if not args.redis:
+        print(
+            "mcpfleet operator: error: --redis (or $MCPFLEET_REDIS_URL) is required",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    namespaces = list(args.namespace)
+    if not namespaces and not args.all_namespaces:
+        if not os.environ.get("POD_NAMESPACE"):
+            print(
+                "mcpfleet operator: error: give --namespace NS or --all-namespaces",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        namespaces = [os.environ["POD_NAMESPACE"]]
+    if args.log_format == "json":
+        logging.getLogger().handlers.clear()
+        kopf.configure(log_format=kopf.LogFormat.JSON)
+    api = api_client()
+    if not args.standalone:
+        missing = missing_peering(api, args.peering, None if args.all_namespaces else namespaces)
+        if missing:
+            print(
+                f"mcpfleet operator: error: no {missing} (the chart creates it); "
+                "create it, or run with --standalone",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+    runtime = handlers.Runtime(api=api, redis_url=args.redis, stall_after=args.stall_after)
+    runtime.metrics.serve(args.metrics_port, args.metrics_host)
+    settings = kopf.OperatorSettings()
+    settings.peering.lifetime = args.peering_lifetime
+    priority = args.priority if args.priority is not None else random.randint(1, 2**31 - 1)
+    log.info(
+        "operator starting: %s, redis %s, peering %s (priority %d), metrics :%d, health :%d",
+        "all namespaces" if args.all_namespaces else f"namespaces {', '.join(namespaces)}",
+        redact_url(args.redis),
+        "off" if args.standalone else args.peering,
+        priority,
+        args.metrics_port,
+        args.health_port,
+    )
+    kopf.run(
+        settings=settings,
+        clusterwide=args.all_namespaces,
+        namespaces=namespaces,
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        priority=priority,
+        liveness_endpoint=f"http://{args.health_host}:{args.health_port}/healthz",
+        memo=runtime,
+    )
+    return 0
+
+
+def missing_peering(api: Any, name: str, namespaces: list[str] | None) -> str:
+    """The peering object kopf would wait for forever, if it is missing ('' if all exist).
+
+    With a peering name kopf starts paused until it sees its peers in that
+    object; without the object it would stay paused, silently. A 403 (no
+    right to look) is not a verdict: kopf will say more.
+    """
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    custom = k8s.CustomObjectsApi(api)
+    try:
+        if namespaces is None:
+            try:
+                custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return f"ClusterKopfPeering {name}"
+                raise
+            return ""
+        for namespace in namespaces:
+            try:
+                custom.get_namespaced_custom_object(
+                    "kopf.dev", "v1", namespace, "kopfpeerings", name
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return f"KopfPeering {name} in namespace {namespace}"
+                raise
+    except ApiException as exc:
+        log.warning("cannot check the peering object %s: %s", name, exc.reason)
+    return ""
+
+
+# --------------------------------------------------------------------------- rotate
+
+
+def run_rotate(args: argparse.Namespace) -> int:
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    namespace = args.namespace or default_namespace()
+    api = api_client()
+    custom: Any = k8s.CustomObjectsApi(api)  # its methods return plain dicts
+    try:
+        keyring: dict[str, Any] = custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, KEYRINGS, args.keyring
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            print(
+                f"mcpfleet rotate: error: no KeyRing {args.keyring} in {namespace}", file=sys.stderr
+            )
+            return EXIT_USAGE
+        raise
+    if args.status:
+        print_status(keyring, _history(custom, namespace, args.keyring))
+        return 0
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "KeyRotation",
+        "metadata": {
+            "generateName": f"{args.keyring}-",
+            "labels": {KEYRING_REF_LABEL: args.keyring},
+        },
+        "spec": {
+            "keyRing": args.keyring,
+            "mode": "Emergency" if args.emergency else "Normal",
+            "reason": args.reason or "mcpfleet rotate",
+        },
+    }
+    created: dict[str, Any] = custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, KEYROTATIONS, body
+    )
+    name = created["metadata"]["name"]
+    print(f"keyrotation {namespace}/{name} created", flush=True)
+    if not args.wait:
+        return 0
+    return follow(custom, namespace, name, args.timeout)
+
+
+def follow(custom: Any, namespace: str, name: str, timeout: float | None) -> int:
+    """Print each change of the rotation until it ends; 0 on Complete, else non-zero."""
+    from kubernetes import watch as k8s_watch
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = ""
+    version = ""
+    while deadline is None or time.monotonic() < deadline:
+        stream = k8s_watch.Watch()  # type: ignore[no-untyped-call]
+        remaining = 30 if deadline is None else max(1, int(deadline - time.monotonic()))
+        try:
+            for event in stream.stream(  # type: ignore[no-untyped-call]
+                custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                KEYROTATIONS,
+                field_selector=f"metadata.name={name}",
+                timeout_seconds=min(30, remaining),
+                **({"resource_version": version} if version else {}),
+            ):
+                obj = event["object"]
+                version = obj["metadata"].get("resourceVersion", version)
+                if event["type"] == "DELETED":
+                    print(f"{name}: deleted (aborted)", flush=True)
+                    return EXIT_FAILED
+                line = progress_line(obj.get("status") or {})
+                if line != last:
+                    print(f"{name}: {line}", flush=True)
+                    last = line
+                phase = (obj.get("status") or {}).get("phase")
+                if phase == "Complete":
+                    return 0
+                if phase in ("Failed", "Aborted"):
+                    return EXIT_FAILED
+        except ApiException as exc:
+            if exc.status != 410:
+                raise
+            version = ""
+        finally:
+            stream.stop()  # type: ignore[no-untyped-call]
+    print(f"{name}: still {last or 'pending'} after {timeout:g}s", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def progress_line(status: Mapping[str, Any]) -> str:
+    phase = status.get("phase") or "Pending"
+    parts = [str(phase)]
+    if status.get("convergence"):
+        parts.append(f"converged {status['convergence']}")
+    if status.get("newKid"):
+        parts.append(f"new kid {status['newKid']}")
+    lagging = status.get("lagging") or []
+    if lagging:
+        parts.append(f"lagging: {', '.join(lagging)}")
+    if status.get("stalled"):
+        parts.append("STALLED")
+    if status.get("message"):
+        parts.append(f"- {status['message']}")
+    return " ".join(parts)
+
+
+def _history(custom: Any, namespace: str, keyring: str) -> list[dict[str, Any]]:
+    items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, KEYROTATIONS)["items"]
+    mine = [i for i in items if (i.get("spec") or {}).get("keyRing") == keyring]
+    return sorted(mine, key=lambda i: i["metadata"].get("creationTimestamp", ""))
+
+
+def print_status(keyring: Mapping[str, Any], history: list[dict[str, Any]]) -> None:
+    status = keyring.get("status") or {}
+    replicas = status.get("replicas") or {}
+    name = keyring["metadata"]["name"]
+    print(f"keyring {keyring['metadata']['namespace']}/{name}: {status.get('phase', 'Unknown')}")
+    kids = " ".join(status.get("kids") or [])
+    print(f"  kids: {kids} (first seals; ring {status.get('ringPhase', '?')})")
+    print(
+        f"  replicas: {replicas.get('converged', 0)}/{replicas.get('desired', 0)} converged"
+        + (f"; lagging: {', '.join(replicas['lagging'])}" if replicas.get("lagging") else "")
+    )
+    if status.get("message"):
+        print(f"  {status['message']}")
+    if status.get("nextRotationAt"):
+        print(f"  next scheduled rotation: {status['nextRotationAt']}")
+    print("history:" if history else "history: (no rotation yet)")
+    for item in history:
+        s = item.get("status") or {}
+        spec = item.get("spec") or {}
+        times = s.get("phaseTimestamps") or {}
+        ended = next((times[p] for p in ("Complete", "Failed", "Aborted") if p in times), "")
+        print(
+            f"  {item['metadata']['name']}: {s.get('phase', 'Pending')}"
+            f" {s.get('oldKid', '?')} -> {s.get('newKid', '?')} ({spec.get('mode', 'Normal')})"
+            f" created {item['metadata'].get('creationTimestamp', '')}"
+            + (f" ended {ended}" if ended else "")
+            + (f" - {spec['reason']}" if spec.get("reason") else "")
+        )

@@ -1,1 +1,0 @@
-"""Key ring rotation for the kopf operator (built by the operator issue)."""

@@ -1,0 +1,195 @@
+"""The rotation state machine, the queue and the safety invariant, without I/O."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mcpfleet.operator.rotation import (
+    Convergence,
+    Observed,
+    PodView,
+    QueueEntry,
+    RingView,
+    converge,
+    decide,
+    on_delete,
+    sealing_is_safe,
+    turn,
+)
+
+pytestmark = pytest.mark.unit
+
+PODS = [PodView("r0", True), PodView("r1", True), PodView("gone", False)]
+OLD, NEW = "aaaa0001", "bbbb0002"
+ME = "uid-me"
+
+
+def conv(expected: tuple[str, ...], lagging: tuple[str, ...] = ()) -> Convergence:
+    attested = {p.name: expected for p in PODS if p.name not in lagging}
+    attested.update({n: ("other",) for n in lagging})
+    return converge(PODS, attested, expected)
+
+
+def observe(
+    phase: str,
+    ring_phase: str,
+    kids: tuple[str, ...],
+    *,
+    owner: str = ME,
+    lagging: tuple[str, ...] = (),
+    new_kid: str = "",
+    **kw: object,
+) -> Observed:
+    return Observed(
+        uid=ME,
+        phase=phase,
+        new_kid=new_kid,
+        ring=RingView(ring_phase, kids, owner),  # type: ignore[arg-type]
+        convergence=conv(kids, lagging),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_convergence_counts_only_serving_pods_and_wants_the_exact_order() -> None:
+    c = converge(PODS, {"r0": (NEW, OLD), "r1": (OLD, NEW), "gone": ()}, (NEW, OLD))
+    assert c.desired == ("r0", "r1")
+    assert c.converged == ("r0",) and c.lagging == ("r1",)
+    assert not c.done and c.ratio == "1/2"
+    assert converge(PODS, {"r0": (NEW,), "r1": (NEW,)}, (NEW,)).done
+
+
+def test_no_serving_pod_never_counts_as_converged() -> None:
+    c = converge([PodView("x", False)], {}, (OLD,))
+    assert not c.done and c.desired == ()
+
+
+def test_the_full_protocol_runs_stage_promote_wait_retire_complete() -> None:
+    d = decide(observe("Pending", "stable", (OLD,), owner=""))
+    assert (d.action, d.next_phase) == ("stage", "Staging")
+    d = decide(observe("Staging", "staged", (OLD, NEW), new_kid=NEW))
+    assert (d.action, d.next_phase) == ("promote", "Promoting")
+    d = decide(observe("Promoting", "promoted", (NEW, OLD), new_kid=NEW))
+    assert (d.action, d.next_phase) == ("start-ttl", "Waiting")
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), new_kid=NEW))
+    assert (d.action, d.next_phase) == ("wait", "Waiting")
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), new_kid=NEW, ttl_elapsed=True))
+    assert (d.action, d.next_phase) == ("retire", "Retiring")
+    d = decide(observe("Retiring", "stable", (NEW,), new_kid=NEW))
+    assert (d.action, d.next_phase) == ("complete", "Complete")
+    assert decide(observe("Complete", "stable", (NEW,), new_kid=NEW)).action == "none"
+
+
+@pytest.mark.parametrize(
+    ("phase", "ring_phase", "kids", "waiting_in"),
+    [
+        ("Pending", "stable", (OLD,), "Pending"),
+        ("Staging", "staged", (OLD, NEW), "Staging"),
+        ("Promoting", "promoted", (NEW, OLD), "Promoting"),
+        ("Waiting", "promoted", (NEW, OLD), "Waiting"),
+        ("Retiring", "stable", (NEW,), "Retiring"),
+    ],
+)
+def test_no_step_is_taken_while_a_serving_replica_lags(
+    phase: str, ring_phase: str, kids: tuple[str, ...], waiting_in: str
+) -> None:
+    owner = "" if phase == "Pending" else ME
+    d = decide(
+        observe(
+            phase, ring_phase, kids, owner=owner, lagging=("r1",), new_kid=NEW, ttl_elapsed=True
+        )
+    )
+    assert d.action == "wait" and d.phase == waiting_in
+    assert d.lagging == ("r1",) and "r1" in d.message
+
+
+def test_emergency_skips_the_ttl_wait_but_not_the_confirmations() -> None:
+    d = decide(observe("Promoting", "promoted", (NEW, OLD), new_kid=NEW, emergency=True))
+    assert (d.action, d.next_phase) == ("retire", "Retiring")
+    lagging = observe(
+        "Promoting", "promoted", (NEW, OLD), new_kid=NEW, emergency=True, lagging=("r0",)
+    )
+    assert decide(lagging).action == "wait"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "ring_phase", "kids", "action", "phase"),
+    [
+        # killed after writing [old, new], before recording Staging
+        ("Pending", "staged", (OLD, NEW), "promote", "Staging"),
+        # killed after writing [new, old], before recording Promoting
+        ("Staging", "promoted", (NEW, OLD), "start-ttl", "Promoting"),
+        # killed after writing [new], before recording Retiring
+        ("Waiting", "stable", (NEW,), "complete", "Retiring"),
+        ("Promoting", "stable", (NEW,), "complete", "Retiring"),
+    ],
+)
+def test_a_restarted_operator_resumes_where_the_secret_says(
+    recorded: str, ring_phase: str, kids: tuple[str, ...], action: str, phase: str
+) -> None:
+    new_kid = "" if recorded == "Pending" else NEW
+    d = decide(observe(recorded, ring_phase, kids, new_kid=new_kid))
+    assert (d.action, d.phase) == (action, phase)
+
+
+def test_resumed_waiting_still_needs_the_ttl() -> None:
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), new_kid=NEW, ttl_elapsed=False))
+    assert d.action == "wait"
+
+
+def test_a_ring_changed_behind_the_rotations_back_fails_it() -> None:
+    d = decide(observe("Staging", "stable", (OLD,), owner="someone-else", new_kid=NEW))
+    assert d.action == "fail" and "outside" in d.message
+    d = decide(observe("Staging", "staged", (OLD, "cccc0003"), new_kid=NEW))
+    assert d.action == "fail"
+
+
+def test_a_pending_rotation_waits_for_its_turn_and_for_a_stable_ring() -> None:
+    d = decide(
+        observe("Pending", "stable", (OLD,), owner="", my_turn=False, blocked="queued behind x")
+    )
+    assert (d.action, d.phase, d.message) == ("wait", "Pending", "queued behind x")
+    d = decide(observe("", "staged", (OLD, NEW), owner="other-uid"))
+    assert d.action == "wait" and "another rotation" in d.message
+
+
+def test_a_selector_without_serving_pods_never_stages() -> None:
+    o = Observed(
+        uid=ME,
+        phase="Pending",
+        new_kid="",
+        ring=RingView("stable", (OLD,), ""),
+        convergence=converge([], {}, (OLD,)),
+    )
+    d = decide(o)
+    assert d.action == "wait" and "no serving Pod" in d.message
+
+
+def test_turn_goes_to_the_oldest_pending_rotation_and_never_beside_an_active_one() -> None:
+    a = QueueEntry("a", "ua", "2026-01-01T00:00:00Z", "Pending")
+    b = QueueEntry("b", "ub", "2026-01-01T00:00:05Z", "Pending")
+    done = QueueEntry("old", "uo", "2025-01-01T00:00:00Z", "Complete")
+    assert turn("ua", a.created, "a", [a, b, done]) == (True, "")
+    ok, why = turn("ub", b.created, "b", [a, b, done])
+    assert not ok and "queued behind rotation a" in why
+    active = QueueEntry("c", "uc", "2027-01-01T00:00:00Z", "Promoting")
+    ok, why = turn("ua", a.created, "a", [a, active])
+    assert not ok and "c (Promoting)" in why
+
+
+def test_deleting_aborts_before_promotion_and_finishes_after() -> None:
+    assert on_delete(ME, RingView("staged", (OLD, NEW), ME)) == "abort"
+    assert on_delete(ME, RingView("promoted", (NEW, OLD), ME)) == "finish"
+    assert on_delete(ME, RingView("stable", (NEW,), ME), NEW) == "finish", "retired, unconfirmed"
+    assert on_delete(ME, RingView("stable", (OLD,), ME), NEW) == "release"
+    assert on_delete(ME, RingView("staged", (OLD, NEW), "other")) == "release"
+    assert on_delete(ME, None) == "release"
+
+
+def test_the_safety_invariant_holds_through_the_protocol_and_catches_a_skipped_step() -> None:
+    steps = [(OLD,), (OLD, NEW), (NEW, OLD), (NEW,)]
+    for a, b in itertools.pairwise(steps):
+        assert sealing_is_safe([a, b]), (a, b)
+    assert not sealing_is_safe([(OLD,), (NEW, OLD)]), "promoted before every replica staged"
+    assert not sealing_is_safe([(OLD, NEW), (NEW,)]), "retired before every replica promoted"
