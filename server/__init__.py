@@ -6,23 +6,42 @@ namespace so that nothing here shadows a standard-library module.
 The public API for FastMCP authors is re-exported here: guard flows that ask
 users for input on both protocol eras (:mod:`mcpfleet.server.guard`) and the
 Prometheus middleware counting asking vs final rounds
-(:mod:`mcpfleet.server.metrics`).
+(:mod:`mcpfleet.server.metrics`). They are imported on first use, so that a
+process needing only the contract (the operator, ``mcpfleet keys``) does not
+load FastMCP.
 """
 
-from mcpfleet.server.guard import (
-    Answers,
-    NextQuestion,
-    Outcome,
-    Question,
-    ask,
-    ask_then,
-    first_missing,
-    is_modern,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mcpfleet.server.guard import (
+        Answers,
+        NextQuestion,
+        Outcome,
+        Question,
+        ask,
+        ask_then,
+        first_missing,
+        is_modern,
+    )
+    from mcpfleet.server.metrics import PrometheusMiddleware
 
 __version__ = "0.1.0"
 
-from mcpfleet.server.metrics import PrometheusMiddleware
+_EXPORTS = {
+    "Answers": "mcpfleet.server.guard",
+    "NextQuestion": "mcpfleet.server.guard",
+    "Outcome": "mcpfleet.server.guard",
+    "Question": "mcpfleet.server.guard",
+    "ask": "mcpfleet.server.guard",
+    "ask_then": "mcpfleet.server.guard",
+    "first_missing": "mcpfleet.server.guard",
+    "is_modern": "mcpfleet.server.guard",
+    "PrometheusMiddleware": "mcpfleet.server.metrics",
+}
 
 __all__ = [
     "Answers",
@@ -36,3 +55,12 @@ __all__ = [
     "first_missing",
     "is_modern",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mcpfleet.server' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

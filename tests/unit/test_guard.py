@@ -95,3 +95,15 @@ def test_state_sealed_before_the_envelope_is_still_read() -> None:
     assert _restore(current) == ({"_pending": 1}, "x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="answers and a pending key"):
         _restore(SimpleNamespace(request_state='{"v": 1, "answers": []}'))  # type: ignore[arg-type]
+
+
+def test_the_contract_imports_without_fastmcp() -> None:
+    """The operator and `mcpfleet keys` need the contract, not FastMCP: exports load lazily."""
+    import subprocess
+    import sys
+
+    probe = "import sys, mcpfleet.server.contract; print('fastmcp' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mcpfleet.server.nope  # noqa: B018
