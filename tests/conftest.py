@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-_TIERS = {"unit": "unit", "fleet": "fleet", "controlplane": "controlplane", "kind": "kind"}
+_TIERS = {
+    "unit": "unit",
+    "fleet": "fleet",
+    "controlplane": "controlplane",
+    "kind": "kind",
+    "node": "node",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 # the CI's, where the defaults fail.
 #
 # - cgroups are a v1/v2 hybrid, which crun refuses: runtime = "runc";
+# - RUN steps share the host's network (see netns below);
 # - the build has no CAP_SYS_RESOURCE and a hard nofile limit of 20000, so the
 #   default rlimits (nofile 1048576) are refused: ask for what the host allows.
 #
@@ -16,6 +17,9 @@ nproc="$(ulimit -Hu)"
 cat >"$conf_dir/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+# Build steps use the host's network: no CNI bridge, iptables chains or
+# forwarding sysctl is ever set up for them.
+netns = "host"
 
 [engine]
 runtime = "runc"
