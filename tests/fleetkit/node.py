@@ -246,6 +246,7 @@ class Node:
             if component.name != "containerd":
                 _terminate(component, 15.0)
         self._kill_leftover_containers()
+        self._remove_log_links()
         for component in self._own:
             if component.name == "containerd":
                 _terminate(component, 15.0)
@@ -784,6 +785,17 @@ disabled_plugins = [
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.5)  # the kernel reaps asynchronously; check again
+
+    def _remove_log_links(self) -> None:
+        """The kubelet's links in /var/log/containers to this node's logs (a stopped
+        kubelet leaves those of containers it had no time to remove)."""
+        links = Path("/var/log/containers")
+        if not links.is_dir():
+            return
+        for link in links.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and str(link.readlink()).startswith(f"{self.workdir}/"):
+                    link.unlink()
 
     def _proxy_cleanup(self) -> None:
         """``kube-proxy --cleanup``: its own rules and chains, as upstream removes them."""
