@@ -67,6 +67,8 @@ tools=(
 	"kube-scheduler|k8s.io/kubernetes/cmd/kube-scheduler|$kube_ldflags"
 	"kube-proxy|k8s.io/kubernetes/cmd/kube-proxy|$kube_ldflags"
 	"kubelet|k8s.io/kubernetes/cmd/kubelet|$kube_ldflags"
+	# For a person debugging the node tier: kubectl logs / exec / get.
+	"kubectl|k8s.io/kubernetes/cmd/kubectl|$kube_ldflags"
 	# Cluster DNS for the node tier, from its own module (coredns/go.mod).
 	"coredns|github.com/coredns/coredns||coredns"
 )
