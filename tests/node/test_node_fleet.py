@@ -255,3 +255,81 @@ async def test_deleting_a_pod_drains_it_under_load_and_nothing_fails(nf: NodeFle
     assert gone_after < GRACE_SECONDS + 30
     serving = await asyncio.to_thread(nf.wait_serving, 3, 180)
     assert victim not in serving
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "known gap, seen here on real pods: an old pod with nothing in flight exits at once"
+        " on SIGTERM, before the routers have seen it draining; a modern round the router"
+        " sent on a pooled connection to it is reset ('dropped the connection', 502) and,"
+        " by design, not resent. The fix belongs in the replica's drain (linger one"
+        " registry refresh) or the router; until then this test reports, it does not gate."
+    ),
+)
+async def test_a_rolling_update_under_load_fails_no_round_and_no_session(nf: NodeFleet) -> None:
+    """A changed pod template rolls out (one new pod up, one old pod deleted, three
+    times): every old pod is drained by the kubelet's SIGTERM while modern rounds
+    and handshake sessions keep flowing, and none fails."""
+    old = set(nf.replica_names())
+    stop = asyncio.Event()
+    done: list[str] = []
+    failed: list[str] = []
+
+    async def modern_user() -> None:
+        while not stop.is_set():
+            try:
+                async with connect(nf.url, "modern") as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": "Oslo"})
+                        assert str(result.data).startswith("Booked"), result.data
+                        done.append("modern")
+            except Exception as exc:
+                failed.append(f"modern {type(exc).__name__}: {exc}")
+
+    async def handshake_user(n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(nf.url, "handshake") as client:
+                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
+                assert str(result.data).startswith(f"Planned 'R{n}'"), result.data
+                done.append("handshake")
+            except Exception as exc:
+                failed.append(f"handshake {type(exc).__name__}: {exc}")
+
+    users = [asyncio.create_task(modern_user()) for _ in range(2)]
+    users += [asyncio.create_task(handshake_user(n)) for n in range(2)]
+    patch = {
+        "spec": {
+            "template": {"metadata": {"annotations": {"mcpfleet.dev/rolled-at": str(time.time())}}}
+        }
+    }
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the rollout"
+        )
+        await asyncio.to_thread(
+            nf.apps.patch_namespaced_deployment, nf.deployment, nf.namespace, patch
+        )
+
+        def rolled_out() -> list[str] | None:
+            names = nf.replica_names()
+            pods = nf.pods()
+            if len(pods) == 3 and len(names) == 3 and not (set(names) & old):
+                return names
+            return None
+
+        new = await asyncio.to_thread(
+            wait_for, rolled_out, timeout=420, interval=1, what="the rollout to finish"
+        )
+        await asyncio.to_thread(nf.wait_serving, 3, 120)
+        before = len(done)
+        await asyncio.to_thread(
+            wait_for, lambda: len(done) >= before + 5, timeout=60, what="traffic after it"
+        )
+    finally:
+        stop.set()
+        await asyncio.gather(*users)
+    assert failed == []
+    assert not set(new) & old
+    assert {"modern", "handshake"} <= set(done)
