@@ -255,6 +255,7 @@ class Node:
             self.plane._components = [c for c in self.plane._components if c not in self._own]
             self.plane.stop()
         self._own.clear()
+        self._remove_cni_cache()
         report = node_host.RestoreReport()
         if self.before is not None:
             report = node_host.restore(
@@ -796,6 +797,21 @@ disabled_plugins = [
             with contextlib.suppress(OSError):
                 if link.is_symlink() and str(link.readlink()).startswith(f"{self.workdir}/"):
                     link.unlink()
+
+    def _remove_cni_cache(self) -> None:
+        """libcni's cached results for this node's pods (left when a sandbox was never
+        torn down through CNI, e.g. after a killed run): the ``mcpfleet`` network's,
+        and the loopback network's too when the cache did not exist before the node."""
+        results = Path("/var/lib/cni/results")
+        if not results.is_dir():
+            return
+        prefixes = ["mcpfleet-"]
+        if self.before is not None and not self.before.dirs.get("/var/lib/cni", True):
+            prefixes.append("cni-loopback-")
+        for entry in results.iterdir():
+            if entry.name.startswith(tuple(prefixes)) and entry.is_file():
+                with contextlib.suppress(OSError):
+                    entry.unlink()
 
     def _proxy_cleanup(self) -> None:
         """``kube-proxy --cleanup``: its own rules and chains, as upstream removes them."""
