@@ -62,6 +62,7 @@ source "$here/containers-env.sh"
 read -r base build_base < <(bash "$here/base.sh")
 
 log "building $image with buildah on $base"
+previous="$(buildah inspect --type image -f '{{.FromImageID}}' "$image" 2>/dev/null || true)"
 # The host's CA bundle is mounted read-only into RUN steps (pip trusts it); a
 # build-time mount is no part of any layer.
 ca_mount=()
@@ -73,6 +74,11 @@ buildah build --format docker --layers --network host "${ca_mount[@]}" \
 	--build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
 	-t "$image" -f Dockerfile . >&2
 built=$((SECONDS - start))
+# The image this build replaced would stay as an untagged copy: free its space.
+current="$(buildah inspect --type image -f '{{.FromImageID}}' "$image")"
+if [[ -n "$previous" && "$previous" != "$current" ]]; then
+	buildah rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 # The CRI sandbox image: the runtime base whose entrypoint blocks. It shares
 # every layer with the base, so it costs one small config layer.
