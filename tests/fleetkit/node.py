@@ -138,7 +138,23 @@ def node_missing(bin_dir: Path | None = None, images: Images | None = None) -> l
     missing_archives = [str(a) for a in (images or Images()).archives if not a.is_file()]
     if missing_archives:
         reasons.append(f"no image archive {', '.join(missing_archives)}: make image")
+    running = _running_node_workdir()
+    if running:
+        reasons.append(f"another node is running here ({running}): make cluster-down")
     return reasons
+
+
+def _running_node_workdir() -> str | None:
+    """The workdir of a node whose processes still run on this machine, if any."""
+    try:
+        state = json.loads(POINTER.read_text())
+    except (OSError, ValueError):
+        return None
+    plane = (state.get("plane") or {}).get("components", [])
+    alive = [
+        c for c in plane if _Component(c["name"], c["args"], Path(c["log"]), pid=c["pid"]).alive()
+    ]
+    return str(state.get("workdir")) if alive else None
 
 
 def require_node(bin_dir: Path | None = None) -> None:
