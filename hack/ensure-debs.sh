@@ -13,8 +13,25 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v promtool >/dev/null || need+=(prometheus)
 for pkg in "$@"; do
   case "$pkg" in
-    image) pkgs=(buildah runc mmdebstrap uidmap) ;;
-    node) pkgs=(containerd runc containernetworking-plugins iptables iproute2 conntrack) ;;
+    # Groups look for the commands, not the package names: a machine with
+    # Docker's containerd.io already has containerd and runc, and Debian's
+    # packages would conflict with it.
+    image)
+      pkgs=()
+      command -v buildah >/dev/null || pkgs+=(buildah)
+      command -v runc >/dev/null || pkgs+=(runc)
+      command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
+      command -v newuidmap >/dev/null || pkgs+=(uidmap)
+      ;;
+    node)
+      pkgs=()
+      command -v containerd >/dev/null || pkgs+=(containerd)
+      command -v runc >/dev/null || pkgs+=(runc)
+      [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+      command -v iptables >/dev/null || pkgs+=(iptables)
+      command -v ip >/dev/null || pkgs+=(iproute2)
+      command -v conntrack >/dev/null || pkgs+=(conntrack)
+      ;;
     *) pkgs=("$pkg") ;;
   esac
   for p in "${pkgs[@]}"; do
