@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,7 @@ run: venv deps
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/hadolint Dockerfile
 
 # mypy reads the package through a symlink tree shaped like the installed one
 # (mcpfleet/server -> server/, mcpfleet/operator -> operator/).
@@ -44,7 +45,11 @@ typecheck: venv
 	ln -sfn ../../../operator $(CACHE)/typecheck/mcpfleet/operator
 	cd $(CACHE)/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p mcpfleet.server -p mcpfleet.operator
 
-test: venv deps tools lint typecheck conformance-suite
+# The node tier (tests/node) needs root, its Debian packages and the image;
+# elsewhere its tests skip with the reason (with CI=true they fail).
+NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image)
+
+test: venv deps tools lint typecheck conformance-suite $(NODE_PREREQS)
 	$(PY) -m pytest tests
 
 test-unit: venv
@@ -89,9 +94,21 @@ rules-check: deps
 	promtool check rules charts/mcpfleet/rules/mcpfleet.rules.yaml
 	cd deploy/monitoring/tests && promtool test rules *.test.yaml
 
-# `make cluster-up FLEET=3 [TOKEN_TTL=60]`: also the operator, a KeyRing, 3 replicas and a router.
-cluster-up: venv tools
-	PYTHONPATH=tests $(PY) -m fleetkit.cluster up $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
+# The image: docker build where a Docker engine answers, else buildah on a
+# Debian base made here (hack/image/). Last line: localhost/mcpfleet:<tag>.
+image:
+	bash hack/image/build.sh
+
+node-deps:
+	bash hack/ensure-debs.sh image node
+
+test-node: venv deps tools node-deps image
+	$(PY) -m pytest tests -m node
+
+# FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.
+# NODE=1: a real node too (containerd, kubelet, scheduler, kube-proxy), pods on a bridge.
+cluster-up: venv tools $(if $(NODE),node-deps image)
+	PYTHONPATH=tests $(PY) -m fleetkit.cluster up $(if $(NODE),--node) $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
 
 cluster-down: venv
 	PYTHONPATH=tests $(PY) -m fleetkit.cluster down

@@ -1,13 +1,42 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the fleet and its tests start for real
 # (redis-server, prometheus/promtool), only where they are missing.
-# Extra package names may be given (make bench adds nginx, its baseline proxy).
+# Extra package names may be given (make bench adds nginx, its baseline proxy),
+# and two groups by name:
+#   image  what `make image` needs without a Docker engine (buildah, runc,
+#          mmdebstrap to make the base from the machine's own apt mirror);
+#   node   what the node tier runs besides the built Kubernetes tools
+#          (containerd, runc, the CNI plugins, iptables, iproute2).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v promtool >/dev/null || need+=(prometheus)
 for pkg in "$@"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  case "$pkg" in
+    # Groups look for the commands, not the package names: a machine with
+    # Docker's containerd.io already has containerd and runc, and Debian's
+    # packages would conflict with it.
+    image)
+      pkgs=()
+      command -v buildah >/dev/null || pkgs+=(buildah)
+      command -v runc >/dev/null || pkgs+=(runc)
+      command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
+      command -v newuidmap >/dev/null || pkgs+=(uidmap)
+      ;;
+    node)
+      pkgs=()
+      command -v containerd >/dev/null || pkgs+=(containerd)
+      command -v runc >/dev/null || pkgs+=(runc)
+      [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+      command -v iptables >/dev/null || pkgs+=(iptables)
+      command -v ip >/dev/null || pkgs+=(iproute2)
+      command -v conntrack >/dev/null || pkgs+=(conntrack)
+      ;;
+    *) pkgs=("$pkg") ;;
+  esac
+  for p in "${pkgs[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
 done
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then

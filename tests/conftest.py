@@ -12,6 +12,7 @@ _TIERS = {
     "controlplane": "controlplane",
     "kind": "kind",
     "conformance": "conformance",
+    "node": "node",
 }
 
 

@@ -55,7 +55,7 @@ helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm \
 kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v} \
 -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s#v}"
 
-# name | package | ldflags. Order: the ones the tests cannot do without first.
+# name | package | ldflags [| module directory under hack/tools, default: this one]. Order: the ones the tests cannot do without first.
 tools=(
 	"etcd|go.etcd.io/etcd/server/v3|"
 	"kube-apiserver|k8s.io/kubernetes/cmd/kube-apiserver|$kube_ldflags"
@@ -63,16 +63,25 @@ tools=(
 	"kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager|$kube_ldflags"
 	"kwok|sigs.k8s.io/kwok/cmd/kwok|$kwok_ldflags"
 	"kubeconform|github.com/yannh/kubeconform/cmd/kubeconform|"
+	# The node tier (tests/node): a real kubelet, scheduler and kube-proxy.
+	"kube-scheduler|k8s.io/kubernetes/cmd/kube-scheduler|$kube_ldflags"
+	"kube-proxy|k8s.io/kubernetes/cmd/kube-proxy|$kube_ldflags"
+	"kubelet|k8s.io/kubernetes/cmd/kubelet|$kube_ldflags"
+	# For a person debugging the node tier: kubectl logs / exec / get.
+	"kubectl|k8s.io/kubernetes/cmd/kubectl|$kube_ldflags"
+	# Cluster DNS for the node tier, from its own module (coredns/go.mod).
+	"coredns|github.com/coredns/coredns||coredns"
 )
 
-pins="$(cat go.mod go.sum; go env GOVERSION GOOS GOARCH; echo "$GOFLAGS")"
+pins_of() { (cd "$1" && cat go.mod go.sum && go env GOVERSION GOOS GOARCH && echo "$GOFLAGS"); }
 failed=()
 for entry in "${tools[@]}"; do
-	IFS='|' read -r name pkg ldflags <<<"$entry"
+	IFS='|' read -r name pkg ldflags moddir <<<"$entry"
 	if [[ $# -gt 0 ]] && [[ " $* " != *" $name "* ]]; then
 		continue
 	fi
-	stamp="$(printf '%s\n%s\n%s\n' "$pins" "$pkg" "$ldflags" | sha256sum | cut -d' ' -f1)"
+	dir="$here${moddir:+/$moddir}"
+	stamp="$(printf '%s\n%s\n%s\n' "$(pins_of "$dir")" "$pkg" "$ldflags" | sha256sum | cut -d' ' -f1)"
 	if [[ -x "$outdir/$name" && -f "$stamps/$name" && "$(cat "$stamps/$name")" == "$stamp" ]]; then
 		echo "build.sh: $name is up to date"
 		continue
@@ -81,7 +90,7 @@ for entry in "${tools[@]}"; do
 	start=$SECONDS
 	rm -f "$stamps/$name"
 	# Build to a temporary name: a half-written binary never looks usable.
-	if go build -p "$jobs" -ldflags "-s -w $ldflags" -o "$outdir/.$name.tmp" "$pkg"; then
+	if (cd "$dir" && go build -p "$jobs" -ldflags "-s -w $ldflags" -o "$outdir/.$name.tmp" "$pkg"); then
 		mv -f "$outdir/.$name.tmp" "$outdir/$name"
 		echo "$stamp" >"$stamps/$name"
 		echo "build.sh: built $name in $((SECONDS - start))s"

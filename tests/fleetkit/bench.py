@@ -486,12 +486,19 @@ def render(rows: list[Row]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument(
+        "--no-node", action="store_true", help="skip the node tier's figures (real kubelet)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     rows = asyncio.run(measure(args.quick))
     from fleetkit.operatorbench import rotation_rows
 
     rows += rotation_rows(1 if args.quick else 3)
+    if not args.no_node:
+        from fleetkit.node_bench import node_rows
+
+        rows += node_rows(args.quick)
     print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print(render(rows))
 

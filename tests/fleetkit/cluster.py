@@ -51,9 +51,21 @@ def _fleet_file() -> Path:
 
 
 def _up(args: argparse.Namespace) -> int:
+    if args.node and args.fleet:
+        print(
+            "--fleet runs the replicas as local processes; with --node, run them as pods "
+            "(tests/fleetkit/nodefleet.py) instead: use one or the other",
+            file=sys.stderr,
+        )
+        return 2
+    if args.node:
+        return _up_node()
     state_file = _cluster_dir() / "state.json"
     if state_file.exists():
         state = json.loads(state_file.read_text())
+        if "node" in state:
+            print("a cluster with a node is up: make cluster-down first", file=sys.stderr)
+            return 1
         plane = ControlPlane.adopt(state)
         if all(c.alive() for c in plane._components):
             print(f"already up: {state['server']}\n  export KUBECONFIG={state['admin_kubeconfig']}")
@@ -239,12 +251,58 @@ def _stop_fleet() -> None:
     print("fleet stopped")
 
 
+def _up_node() -> int:
+    """``up --node``: the control plane plus a real node (see :mod:`fleetkit.node`)."""
+    from fleetkit.node import Node, node_missing
+
+    state_file = _cluster_dir() / "state.json"
+    if state_file.exists():
+        print("a cluster is up already (.cache/cluster/state.json): make cluster-down first")
+        return 1
+    reasons = node_missing()
+    if reasons:
+        print("cannot run a node here: " + "; ".join(reasons), file=sys.stderr)
+        return 1
+    shutil.rmtree(_cluster_dir(), ignore_errors=True)
+    node = Node(workdir=_cluster_dir() / "node", die_with_parent=False)
+    node.start()
+    _cluster_dir().mkdir(parents=True, exist_ok=True)
+    state_file.write_text(json.dumps({"node": node.state()}, indent=2))
+    assert node.plane is not None
+    print(
+        f"node up: {node.plane.server}, node {NODE_NAME_HINT}, pods on a bridge\n"
+        f"  export KUBECONFIG={node.plane.admin_kubeconfig}\n"
+        f"  image: {node.images.app} (imagePullPolicy: Never)\n"
+        f"  logs: {node.plane._dir / 'logs'}\n"
+        f"  stop: make cluster-down"
+    )
+    return 0
+
+
+#: Printed by ``up --node`` (fleetkit.node.NODE_NAME, without importing it here).
+NODE_NAME_HINT = "mcpfleet-node"
+
+
 def _down(args: argparse.Namespace) -> int:
     state_file = _cluster_dir() / "state.json"
     if not state_file.exists():
         print("no control plane is up (no .cache/cluster/state.json)")
         return 0
     _stop_fleet()
+    state = json.loads(state_file.read_text())
+    if "node" in state:
+        from fleetkit.node import Node
+
+        report = Node.adopt(state["node"]).stop()
+        state_file.unlink(missing_ok=True)
+        for failure in report.failed:
+            print(f"  left behind: {failure}", file=sys.stderr)
+        print(
+            "node and control plane stopped; the machine is as it was"
+            if not report.failed
+            else "node stopped, with leftovers (above)"
+        )
+        return 1 if report.failed else 0
     plane = ControlPlane.adopt(json.loads(state_file.read_text()))
     plane.stop()
     print("control plane stopped")
@@ -256,7 +314,10 @@ def _status(args: argparse.Namespace) -> int:
     if not state_file.exists():
         print("down")
         return 1
-    plane = ControlPlane.adopt(json.loads(state_file.read_text()))
+    state = json.loads(state_file.read_text())
+    if "node" in state:  # up --node: the plane's state is inside the node's
+        state = state["node"]["plane"]
+    plane = ControlPlane.adopt(state)
     for c in plane._components:
         print(f"{c.name}: {'running' if c.alive() else 'EXITED'} (pid {c.pid})")
     if args.logs:
@@ -282,6 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=600.0,
         metavar="SECONDS",
         help="the KeyRing's tokenTTL and the replicas' --state-ttl (with --fleet)",
+    )
+    up.add_argument(
+        "--node",
+        action="store_true",
+        help="also a real node: containerd, kubelet, kube-scheduler, kube-proxy (root)",
     )
     up.set_defaults(func=_up)
     fleet = sub.add_parser("_fleet", help=argparse.SUPPRESS)

