@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state-ttl", type=_positive, default=rep.state_ttl, help="token TTL, s")
     s.add_argument("--drain-timeout", type=_positive, default=rep.drain_timeout)
     s.add_argument(
+        "--drain-linger",
+        type=float,
+        default=rep.drain_linger,
+        help="s a draining replica stays up at least, so every router sees it draining",
+    )
+    s.add_argument(
         "--session-idle",
         type=_positive,
         default=rep.session_idle,
@@ -261,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         audience=args.audience,
                         state_ttl=args.state_ttl,
                         drain_timeout=args.drain_timeout,
+                        drain_linger=args.drain_linger,
                         session_idle=args.session_idle,
                         allowed_hosts=tuple(args.allowed_host),
                         allowed_origins=tuple(args.allowed_origin),

@@ -37,6 +37,11 @@ class ReplicaConfig:
     audience: str = ""
     state_ttl: float = 600.0
     drain_timeout: float = 30.0
+    #: A draining replica stays up at least this long, even with nothing to
+    #: finish, so every router sees it draining (a heartbeat, then a refresh)
+    #: before its address stops answering: a request already on its way is
+    #: then answered 503-draining and resent, never reset.
+    drain_linger: float = 2.0
     #: Must equal the routers' ``session_ttl``.
     session_idle: float = SESSION_IDLE
     heartbeat_interval: float = HEARTBEAT_INTERVAL

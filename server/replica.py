@@ -160,9 +160,11 @@ class Replica:
             self.state.inflight,
             cfg.drain_timeout,
         )
-        deadline = time.monotonic() + cfg.drain_timeout
+        started = time.monotonic()
+        deadline = started + cfg.drain_timeout
+        linger = started + min(cfg.drain_linger, cfg.drain_timeout)
         while time.monotonic() < deadline:
-            if self.state.idle():
+            if self.state.idle() and time.monotonic() >= linger:
                 log.info("drained: no request in flight and no open session")
                 return
             await asyncio.sleep(0.1)

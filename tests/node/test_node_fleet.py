@@ -257,16 +257,6 @@ async def test_deleting_a_pod_drains_it_under_load_and_nothing_fails(nf: NodeFle
     assert victim not in serving
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known gap, seen here on real pods: an old pod with nothing in flight exits at once"
-        " on SIGTERM, before the routers have seen it draining; a modern round the router"
-        " sent on a pooled connection to it is reset ('dropped the connection', 502) and,"
-        " by design, not resent. The fix belongs in the replica's drain (linger one"
-        " registry refresh) or the router; until then this test reports, it does not gate."
-    ),
-)
 async def test_a_rolling_update_under_load_fails_no_round_and_no_session(nf: NodeFleet) -> None:
     """A changed pod template rolls out (one new pod up, one old pod deleted, three
     times): every old pod is drained by the kubelet's SIGTERM while modern rounds
