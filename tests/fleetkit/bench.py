@@ -72,6 +72,17 @@ async def latency(url: str, n: int) -> list[float]:
     return out
 
 
+async def spread(url: str, n: int) -> dict[str, int]:
+    """Sequential modern rounds through the router: how many each replica served."""
+    counts: dict[str, int] = {}
+    async with httpx.AsyncClient(timeout=10) as http:
+        for _ in range(n):
+            resp = await http.post(url, content=BODY, headers=HEADERS)
+            name = resp.headers.get("x-mcpfleet-replica", "?")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 async def throughput(url: str, concurrency: int, seconds: float) -> float:
     """Modern rounds per second with ``concurrency`` clients for ``seconds``."""
     done = 0
@@ -278,6 +289,9 @@ http {{
       proxy_pass http://replicas;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      # The client's Host (127.0.0.1:port), not the upstream group's name: the
+      # replicas refuse Host names they do not serve (DNS-rebinding guard).
+      proxy_set_header Host $http_host;
       proxy_buffering off;
     }}
   }}
@@ -341,6 +355,15 @@ async def measure(quick: bool) -> list[Row]:
             proxies["nginx (round robin)"] = f"http://127.0.0.1:{nginx[1]}/mcp"
         lat = {name: await latency(url, n) for name, url in proxies.items()}
         thr = {name: await throughput(url, 16, secs) for name, url in proxies.items()}
+        shares = await spread(lf.url, 90)
+        rows.append(
+            (
+                "stateless rounds per replica, 90 sequential, router",
+                " / ".join(f"{shares.get(m, 0)}" for m in sorted(lf.members)),
+                f"max/min x{max(shares.values()) / max(1, min(shares.values())):.2f}",
+                "nothing in flight: ties at random",
+            )
+        )
         base = lat["direct to one replica"]
         for name in proxies:
             p50, p99 = pct(lat[name], 0.5) * 1e3, pct(lat[name], 0.99) * 1e3
