@@ -22,13 +22,19 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from mcpfleet.server.contract import ROUTER_ERROR_HEADER
+
+_TIMEOUT_BODY = b"Request headers not received in time.\n"
 _TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\n"
     b"content-type: text/plain; charset=utf-8\r\n"
     b"connection: close\r\n"
-    b"x-mcpfleet-router-error: 1\r\n"
-    b"content-length: 38\r\n\r\n"
-    b"Request headers not received in time.\n"
+    + ROUTER_ERROR_HEADER.lower().encode()
+    + b": 1\r\n"
+    + b"content-length: "
+    + str(len(_TIMEOUT_BODY)).encode()
+    + b"\r\n\r\n"
+    + _TIMEOUT_BODY
 )
 
 
