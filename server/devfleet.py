@@ -195,6 +195,10 @@ class LocalFleet:
             self.add_replica(f"replica-{i}", wait=False)
         for name in list(self.members):
             self.wait_replica(name, timeout)
+        self.start_routers(timeout)
+
+    def start_routers(self, timeout: float) -> None:
+        """Start ``routers`` routers; return once each sees every replica serving."""
         for i in range(self.routers):
             port = self.port if (i == 0 and self.port) else free_port()
             proc = Proc(

@@ -52,7 +52,7 @@ from mcpfleet.server.contract import (
     KEYRING_LABEL,
     KEYRING_NUDGE_ANNOTATION,
 )
-from mcpfleet.server.devfleet import FleetError, LocalFleet, Proc, mcpfleet_argv
+from mcpfleet.server.devfleet import FleetError, LocalFleet, Proc
 from mcpfleet.server.devfleet import wait_for as fleet_wait
 from mcpfleet.server.keyring import KeyRing
 
@@ -143,36 +143,6 @@ class NodeFleet(LocalFleet):
         )
         self.redis.start(self.env())
         fleet_wait("redis-server to answer PING", self._redis_ping, timeout)
-
-    def start_routers(self, timeout: float) -> None:
-        from fleetkit.controlplane import free_port
-
-        for i in range(self.routers):
-            port = free_port()
-            proc = Proc(
-                f"router-{i}",
-                mcpfleet_argv(
-                    "router",
-                    "--port",
-                    str(port),
-                    "--redis",
-                    self.redis_url,
-                    "--fleet",
-                    self.fleet,
-                    *self.router_args,
-                ),
-                self.workdir / f"router-{i}.log",
-            )
-            proc.start(self.env())
-            self.router_procs.append(proc)
-            self.router_ports.append(port)
-        for port in self.router_ports:
-            # devfleet's wait_for: a router not listening yet is "not yet".
-            fleet_wait(
-                f"the router on {port} to see {self.replicas} serving replicas",
-                self._router_sees(port, self.replicas),
-                timeout,
-            )
 
     def stop(self) -> None:
         for proc in self.router_procs:
