@@ -101,6 +101,15 @@ for entry in "${tools[@]}"; do
 	fi
 done
 
+# Source only, nothing to build: the Kubernetes OpenAPI document (in the
+# k8s.io/kubernetes module the tools above come from) and the prometheus-operator
+# CRD YAML, from which tests/fleetkit/chartkit.py makes kubeconform's schemas.
+if [[ $# -eq 0 ]]; then
+	(cd "$here" && go mod download k8s.io/kubernetes) || failed+=("k8s.io/kubernetes (download)")
+	(cd "$here/prometheus-operator" && go mod download github.com/prometheus-operator/prometheus-operator) ||
+		failed+=("prometheus-operator (download)")
+fi
+
 if [[ ${#failed[@]} -gt 0 ]]; then
 	echo "build.sh: failed: ${failed[*]}" >&2
 	exit 1

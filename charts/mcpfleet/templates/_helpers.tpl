@@ -5,15 +5,15 @@
 
 {{/*
 The release's full name, short enough that "<fullname>-<component>" (longest
-component: "operator", 9 characters with the dash) stays within 63.
+suffix: "-operator-metrics", 17 characters) stays within 63.
 */}}
 {{- define "mcpfleet.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 54 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 46 | trimSuffix "-" }}
 {{- else if contains (include "mcpfleet.name" .) .Release.Name }}
-{{- .Release.Name | trunc 54 | trimSuffix "-" }}
+{{- .Release.Name | trunc 46 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name (include "mcpfleet.name" .) | trunc 54 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name (include "mcpfleet.name" .) | trunc 46 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
@@ -22,7 +22,11 @@ component: "operator", 9 characters with the dash) stays within 63.
 helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: mcpfleet
 {{ include "mcpfleet.selectorLabels" . }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Labels that select one component's Pods. */}}
@@ -32,9 +36,37 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
-{{/* The image reference. */}}
+{{/*
+An image reference from (dict "image" .Values.x.image "ctx" $):
+repository[:tag][@digest]; the tag defaults to the chart's appVersion.
+*/}}
+{{- define "mcpfleet.imageRef" -}}
+{{- $tag := .image.tag | default .ctx.Chart.AppVersion -}}
+{{- if .image.digest -}}
+{{ .image.repository }}{{ if .image.tag }}:{{ .image.tag }}{{ end }}@{{ .image.digest }}
+{{- else -}}
+{{ .image.repository }}:{{ $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The mcpfleet image (replicas, router, operator, the helm test). */}}
 {{- define "mcpfleet.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ include "mcpfleet.imageRef" (dict "image" .Values.image "ctx" .) }}
+{{- end }}
+
+{{/* Pull secrets of every Pod. */}}
+{{- define "mcpfleet.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The fleet name: where replicas attest in Redis and what the KeyRing reads. */}}
+{{- define "mcpfleet.fleet" -}}
+{{- .Values.fleet | default (include "mcpfleet.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* The operator's ServiceAccount name. */}}
@@ -43,5 +75,149 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-operator" (include "mcpfleet.fullname" .)) .Values.operator.serviceAccount.name }}
 {{- else }}
 {{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The default KeyRing's name, and the Secret holding its ring. */}}
+{{- define "mcpfleet.keyRingName" -}}
+{{- .Values.keyRing.name | default (printf "%s-keys" (include "mcpfleet.fullname" .)) }}
+{{- end }}
+{{- define "mcpfleet.keySecretName" -}}
+{{- .Values.keyRing.secretName | default (include "mcpfleet.keyRingName" .) }}
+{{- end }}
+
+{{/* The Redis URL every component uses (never holds a password). */}}
+{{- define "mcpfleet.redisURL" -}}
+{{- if .Values.redis.enabled -}}
+redis://{{ include "mcpfleet.fullname" . }}-redis:{{ .Values.redis.port }}/0
+{{- else -}}
+{{ required "redis.enabled=false needs redis.external.url" .Values.redis.external.url }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Redis flags of one component (dict "ctx" $ "component" "replica"): the URL
+(with the component's user name when auth is on), and the password and TLS
+files mounted by "mcpfleet.redisVolumeMounts". Nothing secret is an argument.
+*/}}
+{{- define "mcpfleet.redisArgs" -}}
+{{- $ctx := .ctx -}}
+{{- $url := include "mcpfleet.redisURL" $ctx -}}
+{{- if and $ctx.Values.redis.enabled $ctx.Values.redis.auth.enabled -}}
+{{- $url = printf "redis://%s@%s-redis:%v/0" .component (include "mcpfleet.fullname" $ctx) $ctx.Values.redis.port -}}
+{{- end }}
+- --redis={{ $url }}
+{{- if include "mcpfleet.redisPasswordSecret" . }}
+- --redis-password-file=/etc/mcpfleet/redis/password
+{{- end }}
+{{- if and (not $ctx.Values.redis.enabled) $ctx.Values.redis.external.tls.enabled }}
+{{- with $ctx.Values.redis.external.tls }}
+{{- if .caSecret }}
+- --redis-ca-file=/etc/mcpfleet/redis-tls/{{ .caKey }}
+{{- end }}
+{{- if .certSecret }}
+- --redis-cert-file=/etc/mcpfleet/redis-tls-client/{{ .certKey }}
+- --redis-key-file=/etc/mcpfleet/redis-tls-client/{{ .keyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "name/key" of the Secret holding one component's Redis password, or empty. */}}
+{{- define "mcpfleet.redisPasswordSecret" -}}
+{{- $ctx := .ctx -}}
+{{- if $ctx.Values.redis.enabled -}}
+{{- if $ctx.Values.redis.auth.enabled -}}
+{{ include "mcpfleet.fullname" $ctx }}-redis-auth/{{ .component }}
+{{- end -}}
+{{- else if $ctx.Values.redis.external.passwordSecret.name -}}
+{{ $ctx.Values.redis.external.passwordSecret.name }}/{{ $ctx.Values.redis.external.passwordSecret.key }}
+{{- end -}}
+{{- end }}
+
+{{/* Volume mounts for a component's Redis password and TLS files. */}}
+{{- define "mcpfleet.redisVolumeMounts" -}}
+{{- $ctx := .ctx -}}
+{{- if include "mcpfleet.redisPasswordSecret" . }}
+- name: redis-password
+  mountPath: /etc/mcpfleet/redis
+  readOnly: true
+{{- end }}
+{{- if and (not $ctx.Values.redis.enabled) $ctx.Values.redis.external.tls.enabled }}
+{{- if $ctx.Values.redis.external.tls.caSecret }}
+- name: redis-tls
+  mountPath: /etc/mcpfleet/redis-tls
+  readOnly: true
+{{- end }}
+{{- if $ctx.Values.redis.external.tls.certSecret }}
+- name: redis-tls-client
+  mountPath: /etc/mcpfleet/redis-tls-client
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The volumes behind "mcpfleet.redisVolumeMounts": only this component's password. */}}
+{{- define "mcpfleet.redisVolumes" -}}
+{{- $ctx := .ctx -}}
+{{- with include "mcpfleet.redisPasswordSecret" . }}
+{{- $parts := splitList "/" . }}
+- name: redis-password
+  secret:
+    secretName: {{ index $parts 0 }}
+    defaultMode: 0440
+    items:
+      - key: {{ index $parts 1 }}
+        path: password
+{{- end }}
+{{- if and (not $ctx.Values.redis.enabled) $ctx.Values.redis.external.tls.enabled }}
+{{- with $ctx.Values.redis.external.tls }}
+{{- if .caSecret }}
+- name: redis-tls
+  secret:
+    secretName: {{ .caSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- if .certSecret }}
+- name: redis-tls-client
+  secret:
+    secretName: {{ .certSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The restricted Pod security context (values: podSecurityContext). */}}
+{{- define "mcpfleet.podSecurityContext" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end }}
+
+{{/* The restricted container security context (values: securityContext). */}}
+{{- define "mcpfleet.securityContext" -}}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+{{- end }}
+
+{{/* Host names the router answers: its Service's names, localhost (port-forward), Ingress hosts, extras. */}}
+{{- define "mcpfleet.router.allowedHosts" -}}
+{{- $svc := printf "%s-router" (include "mcpfleet.fullname" .) -}}
+{{- $ns := .Release.Namespace -}}
+{{- $hosts := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) "localhost" "127.0.0.1" -}}
+{{- if .Values.router.ingress.enabled }}
+{{- range .Values.router.ingress.hosts }}
+{{- $hosts = append $hosts .host }}
+{{- end }}
+{{- end }}
+{{- range $hosts }}
+- --allowed-host={{ . }}
+- --allowed-host={{ . }}:*
+{{- end }}
+{{- range .Values.router.allowedHosts }}
+- --allowed-host={{ . }}
+{{- end }}
+{{- range .Values.router.allowedOrigins }}
+- --allowed-origin={{ . }}
 {{- end }}
 {{- end }}
