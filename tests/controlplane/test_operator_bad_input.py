@@ -284,7 +284,9 @@ def test_the_chart_renders_cluster_wide_rbac_and_peering_on_request(
     assert not {"Role", "RoleBinding", "KopfPeering"} & kinds
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert ["clusterkopfpeerings"] in [r["resources"] for r in role["rules"]]
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator")
+    )
     assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "strategy" not in deployment["spec"], "two replicas roll; peering keeps one active"
     # The API server accepts the rendered Deployment (a server-side dry run).
