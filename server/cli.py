@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--url", default="http://127.0.0.1:8000/mcp")
     m.add_argument("--era", choices=["modern", "handshake"], default="modern")
 
+    t = sub.add_parser("selftest", help="one modern and one handshake round through a fleet")
+    t.add_argument("url", help="the fleet's MCP endpoint, e.g. http://mcpfleet-router/mcp")
     from mcpfleet.operator.cli import add_parsers as add_operator_parsers
 
     add_operator_parsers(sub)  # `operator` and `rotate`
@@ -305,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mcpfleet.server.dev.demo import run_demo
 
             asyncio.run(run_demo(args.url, args.era))
+        elif args.command == "selftest":
+            from mcpfleet.server.selftest import selftest
+
+            return asyncio.run(selftest(args.url))
         elif args.command in ("operator", "rotate"):
             from mcpfleet.operator.cli import run as run_operator_command
 
