@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,17 @@ _TIERS = {
     "kind": "kind",
     "conformance": "conformance",
     "node": "node",
+    "e2e": "e2e",
 }
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cluster-provider",
+        choices=("local", "kind"),
+        default=os.environ.get("MCPFLEET_E2E_PROVIDER", "local"),
+        help="where the e2e tier installs the chart: local (this machine's node) or kind",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

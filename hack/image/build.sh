@@ -12,7 +12,9 @@
 # Writes .cache/image/mcpfleet-<tag>.tar (a docker-archive that `docker load`,
 # `ctr images import` and `kind load image-archive` read) and, on the buildah
 # path, the CRI sandbox ("pause") image the node tier's containerd needs,
-# .cache/image/mcpfleet-pause-<tag>.tar. The last line of output names the
+# .cache/image/mcpfleet-pause-<tag>.tar, and the chart's Redis image
+# (hack/image/redis.Dockerfile: Debian's redis-server on the same base),
+# .cache/image/mcpfleet-redis-<tag>.tar. The last line of output names the
 # image: `localhost/mcpfleet:<tag>`.
 #
 # Environment: IMAGE_TAG (default: the version in pyproject.toml),
@@ -29,6 +31,9 @@ image="localhost/mcpfleet:$tag"
 out="$root/.cache/image"
 mkdir -p "$out"
 archive="$out/mcpfleet-$tag.tar"
+# The chart's built-in Redis: Debian's redis-server on the same base.
+redis_image="localhost/mcpfleet-redis:$tag"
+redis_archive="$out/mcpfleet-redis-$tag.tar"
 revision="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 log() { echo "image: $*" >&2; }
 
@@ -46,6 +51,8 @@ if [[ "$builder" == docker ]]; then
 	log "building $image with docker (base python:3.11-slim)"
 	docker build --build-arg "VERSION=$version" --build-arg "REVISION=$revision" -t "$image" . >&2
 	docker save -o "$archive" "$image"
+	docker build --build-arg "VERSION=$version" -t "$redis_image" -f hack/image/redis.Dockerfile hack/image >&2
+	docker save -o "$redis_archive" "$redis_image"
 	log "built in $((SECONDS - start))s; $(docker image inspect -f '{{.Size}}' "$image" | numfmt --to=iec) ; archive $archive"
 	echo "$image"
 	exit 0
@@ -93,9 +100,15 @@ if ! buildah inspect --type image "$pause" >/dev/null 2>&1 ||
 	trap - EXIT
 fi
 
-rm -f "$archive" "$out/mcpfleet-pause-$tag.tar"
+# The Redis image: one apt layer on the base, cached by buildah's --layers.
+buildah build --format docker --layers --network host \
+	--build-arg "BASE=$base" --build-arg "VERSION=$version" \
+	-t "$redis_image" -f hack/image/redis.Dockerfile hack/image >&2
+
+rm -f "$archive" "$out/mcpfleet-pause-$tag.tar" "$redis_archive"
 buildah push --quiet "$image" "docker-archive:$archive:$image" >/dev/null
 buildah push --quiet "$pause" "docker-archive:$out/mcpfleet-pause-$tag.tar:$pause" >/dev/null
+buildah push --quiet "$redis_image" "docker-archive:$redis_archive:$redis_image" >/dev/null
 
 graphroot="$(buildah info --format '{{.store.GraphRoot}}')"
 bytes_of() { python3 "$here/layer-bytes.py" "$graphroot" "$(buildah inspect --type image -f '{{.FromImageID}}' "$1")"; }
@@ -103,5 +116,5 @@ base_bytes="$(bytes_of "$base")"
 image_bytes="$(bytes_of "$image")"
 log "built in ${built}s (base $(numfmt --to=iec "$base_bytes"), image $(numfmt --to=iec "$image_bytes"):" \
 	"the mcpfleet layers add $(numfmt --to=iec $((image_bytes - base_bytes))))"
-log "archives: $archive ($(du -h "$archive" | cut -f1)), $out/mcpfleet-pause-$tag.tar"
+log "archives: $archive ($(du -h "$archive" | cut -f1)), $out/mcpfleet-pause-$tag.tar, $redis_archive ($(du -h "$redis_archive" | cut -f1))"
 echo "$image"

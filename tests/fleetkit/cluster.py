@@ -27,6 +27,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from fleetkit.controlplane import (
     OPTIONAL_TOOLS,
     REQUIRED_TOOLS,
@@ -269,10 +271,18 @@ def _up_node() -> int:
     _cluster_dir().mkdir(parents=True, exist_ok=True)
     state_file.write_text(json.dumps({"node": node.state()}, indent=2))
     assert node.plane is not None
+    values = _cluster_dir() / "helm-values.yaml"
+    values.write_text(
+        "# The chart on this machine's node: the images `make image` built and\n"
+        "# `make cluster-up NODE=1` imported (never pulled).\n"
+        + yaml.safe_dump(node.images.helm_values(), sort_keys=False)
+    )
     print(
         f"node up: {node.plane.server}, node {NODE_NAME_HINT}, pods on a bridge\n"
         f"  export KUBECONFIG={node.plane.admin_kubeconfig}\n"
-        f"  image: {node.images.app} (imagePullPolicy: Never)\n"
+        f"  images: {node.images.app}, {node.images.redis} (imagePullPolicy: Never)\n"
+        f"  install: .cache/bin/helm install mcpfleet charts/mcpfleet -f {values}\n"
+        f"helm values: {values}\n"
         f"  logs: {node.plane._dir / 'logs'}\n"
         f"  stop: make cluster-down"
     )

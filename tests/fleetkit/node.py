@@ -114,9 +114,31 @@ class Images:
         return f"localhost/mcpfleet-pause:{self.tag}"
 
     @property
-    def archives(self) -> tuple[Path, Path]:
+    def redis(self) -> str:
+        """The chart's built-in Redis (Debian's redis-server on the same base)."""
+        return f"localhost/mcpfleet-redis:{self.tag}"
+
+    @property
+    def archives(self) -> tuple[Path, ...]:
         out = repo_root() / ".cache" / "image"
-        return out / f"mcpfleet-{self.tag}.tar", out / f"mcpfleet-pause-{self.tag}.tar"
+        return (
+            out / f"mcpfleet-{self.tag}.tar",
+            out / f"mcpfleet-pause-{self.tag}.tar",
+            out / f"mcpfleet-redis-{self.tag}.tar",
+        )
+
+    def helm_values(self) -> dict[str, Any]:
+        """Chart values that run the release on these local images (never pulled)."""
+        return {
+            "image": {"repository": "localhost/mcpfleet", "tag": self.tag, "pullPolicy": "Never"},
+            "redis": {
+                "image": {
+                    "repository": "localhost/mcpfleet-redis",
+                    "tag": self.tag,
+                    "pullPolicy": "Never",
+                }
+            },
+        }
 
 
 def node_missing(bin_dir: Path | None = None, images: Images | None = None) -> list[str]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
+from fleetkit.controlplane import wait_for
 from fleetkit.fleet import Fleet
-from mcpfleet.server.dev.demo import Trace, connect
+from mcpfleet.server.dev.demo import Trace, connect, default_answer
 
 
 async def modern_rounds_spread(fleet: Fleet) -> None:
@@ -110,3 +113,199 @@ async def rotation_under_load(fleet: Fleet, state_ttl: float, workers: int = 4) 
     assert failures == []
     assert {"staged", "promoted", "stable"} <= set(completed)
     assert retired.kids == (promoted.kids[0],) and retired.kids[0] not in original
+
+
+# --- pods going away: a drain, a rolling update ------------------------------------------
+
+
+async def drain_under_load(
+    fleet: Fleet, victim: str, *, gone: Callable[[str], bool], timeout: float = 240
+) -> None:
+    """Drain ``victim`` (a SIGTERM) while it owns handshake sessions, under modern load.
+
+    Ten handshake sessions open before the drain (some land on the victim and
+    must finish on it), ten after it (none may land on the victim), with a
+    stream of modern rounds all along; none fails, and ``gone(victim)`` turns
+    true (the process has exited, the pod left the API).
+    """
+    drained = asyncio.Event()
+    stop = asyncio.Event()
+    modern: list[str] = []
+    modern_failed: list[str] = []
+    placed_after: list[str] = []
+    owners: list[str] = []
+
+    async def modern_stream() -> None:
+        async with connect(fleet.url, "modern") as client:
+            while not stop.is_set():
+                try:
+                    result = await client.call_tool(
+                        "confirm_purchase", {"item": "tea", "amount_eur": 2}
+                    )
+                    assert str(result.data).startswith("Purchased")
+                    modern.append("ok")
+                except Exception as exc:
+                    modern_failed.append(f"{type(exc).__name__}: {exc}")
+
+    async def session(i: int) -> str:
+        if i >= 10:
+            await drained.wait()
+        trace = Trace()
+
+        async def thinker(message: str, schema: dict[str, Any]) -> Any:
+            await asyncio.sleep(1.0)  # a person answering, while the replica is told to go
+            return default_answer(message, schema)
+
+        opened_after = drained.is_set()
+        async with connect(fleet.url, "handshake", trace, answer=thinker) as client:
+            result = await client.call_tool("plan_meeting", {"topic": f"T{i}"})
+        (owner,) = trace.replicas()
+        owners.append(owner)
+        if opened_after:
+            placed_after.append(owner)
+        return str(result.data)
+
+    load = asyncio.create_task(modern_stream())
+    sessions = [asyncio.create_task(session(i)) for i in range(20)]
+    await asyncio.to_thread(
+        wait_for,
+        lambda: fleet.attestations().get(victim) is not None
+        and fleet.attestations()[victim].sessions >= 1,
+        timeout=60,
+        what=f"a session on {victim}",
+    )
+    await asyncio.to_thread(fleet.drain, victim)
+
+    def seen_draining() -> bool:
+        record = fleet.attestations().get(victim)
+        return record is None or record.state != "serving"
+
+    await asyncio.to_thread(wait_for, seen_draining, timeout=30, what=f"{victim} draining")
+    drained.set()
+    results = await asyncio.wait_for(asyncio.gather(*sessions), timeout)
+    stop.set()
+    await load
+    assert all(r.startswith("Planned 'T") for r in results), results
+    assert modern_failed == []
+    assert len(modern) > 5
+    assert placed_after and victim not in placed_after
+    assert victim in owners, "sessions pinned to the drained replica finished on it"
+    await asyncio.to_thread(
+        wait_for, lambda: gone(victim), timeout=timeout, interval=0.2, what=f"{victim} gone"
+    )
+
+
+async def rolling_update_under_load(
+    fleet: Fleet, roll: Callable[[], None], timeout: float = 420
+) -> list[str]:
+    """``roll()`` replaces every replica (a changed pod template) while modern rounds and
+    handshake sessions keep flowing: none fails. Returns the new replicas' names."""
+    old = set(fleet.replica_names())
+    count = len(old)
+    stop = asyncio.Event()
+    done: list[str] = []
+    failed: list[str] = []
+
+    async def modern_user() -> None:
+        while not stop.is_set():
+            try:
+                async with connect(fleet.url, "modern") as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": "Oslo"})
+                        assert str(result.data).startswith("Booked"), result.data
+                        done.append("modern")
+            except Exception as exc:
+                failed.append(f"modern {type(exc).__name__}: {exc}")
+
+    async def handshake_user(n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(fleet.url, "handshake") as client:
+                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
+                assert str(result.data).startswith(f"Planned 'R{n}'"), result.data
+                done.append("handshake")
+            except Exception as exc:
+                failed.append(f"handshake {type(exc).__name__}: {exc}")
+
+    users = [asyncio.create_task(modern_user()) for _ in range(2)]
+    users += [asyncio.create_task(handshake_user(n)) for n in range(2)]
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the rollout"
+        )
+        await asyncio.to_thread(roll)
+
+        def rolled_out() -> list[str] | None:
+            names = fleet.replica_names()
+            attested = fleet.attestations()
+            serving = [n for n in names if n in attested and attested[n].state == "serving"]
+            if len(serving) == count and not set(names) & old:
+                return names
+            return None
+
+        new: list[str] = await asyncio.to_thread(
+            wait_for, rolled_out, timeout=timeout, interval=1, what="the rollout to finish"
+        )
+        before = len(done)
+        await asyncio.to_thread(
+            wait_for, lambda: len(done) >= before + 5, timeout=60, what="traffic after it"
+        )
+    finally:
+        stop.set()
+        await asyncio.gather(*users)
+    assert failed == []
+    assert not set(new) & old
+    assert {"modern", "handshake"} <= set(done)
+    return new
+
+
+async def operator_rotation_under_load(
+    fleet: Fleet, rotate: Callable[[], tuple[str, ...]], workers: int = 3
+) -> tuple[str, ...]:
+    """``rotate()`` asks the operator for a rotation and waits until it is Complete,
+    returning the ring's kids then; modern bookings and handshake plans run the
+    whole time and none fails. Every replica ends on the new ring alone."""
+    original = fleet.ring().kids
+    stop = asyncio.Event()
+    completed: list[str] = []
+    failures: list[str] = []
+
+    async def modern(n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(fleet.url, "modern") as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": f"C{n}"})
+                        if not str(result.data).startswith("Booked"):
+                            failures.append(str(result.data))
+                        completed.append("modern")
+            except Exception as exc:  # any failed round is a failure of the rotation
+                failures.append(f"modern {type(exc).__name__}: {exc}")
+
+    async def handshake() -> None:
+        while not stop.is_set():
+            try:
+                text, _, _ = await handshake_session(fleet.url, "rotating")
+                assert text.startswith("Planned 'rotating'"), text
+                completed.append("handshake")
+            except Exception as exc:
+                failures.append(f"handshake {type(exc).__name__}: {exc}")
+
+    tasks = [asyncio.create_task(modern(n)) for n in range(workers)]
+    tasks.append(asyncio.create_task(handshake()))
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: len(completed) >= 5, timeout=60, what="traffic before the rotation"
+        )
+        kids = await asyncio.to_thread(rotate)
+        before = len(completed)
+        await asyncio.to_thread(
+            wait_for, lambda: len(completed) >= before + 5, timeout=60, what="traffic after it"
+        )
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    assert failures == []
+    assert len(kids) == 1 and kids[0] not in original
+    await asyncio.to_thread(fleet.wait_attested, kids)
+    return kids

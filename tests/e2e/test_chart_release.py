@@ -1,0 +1,158 @@
+"""One release of the chart, for real: install, helm test, upgrade, rotate, drain, uninstall.
+
+The tests run in order on one release (one install per module: a node and an
+install cost about a minute). Traffic comes from this machine through the
+router Service, as any client's would. Each scenario is the shared one of
+``fleetkit.scenarios``, run here on :class:`~fleetkit.chartfleet.ChartFleet`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from fleetkit import scenarios
+from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
+from fleetkit.controlplane import wait_for
+from fleetkit.providers import Cluster
+from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION
+
+pytestmark = pytest.mark.timeout(900)
+
+NAMESPACE = "mcpfleet-e2e"
+#: The upgrade shortens the token TTL (a change of the pod template, so the
+#: replicas roll), and the rotation after it then waits 5 s rather than 10 min.
+SHORT_TTL = 5
+
+
+@pytest.fixture(scope="module")
+def release(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartFleet]:
+    fleet = ChartFleet(e2e_cluster, NAMESPACE, tmp_path_factory.mktemp("release"))
+    yield fleet
+    # Gone already when the last test passed; the node goes with its module anyway.
+    with contextlib.suppress(Exception):
+        fleet.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    fleet = request.node.funcargs.get("release")
+    if report is not None and report.failed and isinstance(fleet, ChartFleet):
+        print(fleet.diagnostics())
+
+
+def test_install_with_default_values_makes_every_pod_ready(release: ChartFleet) -> None:
+    release.install()
+    pods = release.core.list_namespaced_pod(NAMESPACE).items
+    components = {p.metadata.labels["app.kubernetes.io/component"] for p in pods}
+    assert components == {"server", "router", "redis", "operator"}
+    assert len(release.pods("server")) == 3 and len(release.pods("router")) == 2
+    for pod in pods:
+        assert any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions), (
+            pod.metadata.name
+        )
+        for status in pod.status.container_statuses:
+            assert status.restart_count == 0, (pod.metadata.name, status.restart_count)
+    serving = release.wait_serving(3, timeout=120)
+    ring = release.ring()
+
+    def keyring_ready() -> bool:
+        status = release.custom.get_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, "keyrings", release.keyring
+        ).get("status", {})
+        return status.get("phase") == "Ready" and status.get("sealingKid") == ring.kids[0]
+
+    wait_for(keyring_ready, timeout=120, what="the KeyRing Ready on the Secret's ring")
+    attested = release.attestations()
+    assert all(attested[n].kids == ring.kids for n in serving)
+
+
+def test_helm_test_runs_both_eras_through_the_router_service(release: ChartFleet) -> None:
+    out = release.test()
+    assert "Phase:          Succeeded" in out or "Phase: Succeeded" in out.replace("  ", " "), out
+    assert "modern: ok" in out and "handshake: ok" in out, out
+
+
+async def test_the_router_service_answers_both_eras_from_this_machine(release: ChartFleet) -> None:
+    await scenarios.modern_rounds_spread(release)
+    await scenarios.handshake_session_sticks(release)
+    ready = httpx.get(release.url.replace("/mcp", "/readyz"), timeout=10)
+    assert ready.status_code == 200
+    # A Host that is not the router's is refused (DNS rebinding).
+    refused = httpx.post(
+        release.url, headers={"host": "attacker.example"}, content=b"{}", timeout=10
+    )
+    assert refused.status_code in (403, 421), refused.status_code
+
+
+async def test_helm_upgrade_rolls_the_replicas_with_no_failed_round(release: ChartFleet) -> None:
+    def roll() -> None:
+        release.upgrade("--set", f"server.stateTTL={SHORT_TTL}")
+
+    new = await scenarios.rolling_update_under_load(release, roll)
+    args = release.pods("server")[0].spec.containers[0].args
+    assert f"--state-ttl={SHORT_TTL}" in args
+    assert len(new) == 3
+
+
+async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartFleet) -> None:
+    before = release.ring().kids
+    kids = await scenarios.operator_rotation_under_load(release, release.rotate)
+    assert kids[0] not in before
+    # The operator nudged every replica pod after its Secret writes.
+    secret = release.core.read_namespaced_secret(release.keyring, NAMESPACE)
+    for pod in release.pods():
+        if pod.metadata.deletion_timestamp is None:
+            assert KEYRING_NUDGE_ANNOTATION in (pod.metadata.annotations or {})
+    assert secret.metadata.resource_version
+
+
+async def test_deleting_a_replica_pod_drains_it_and_nothing_fails(release: ChartFleet) -> None:
+    victim = release.replica_names()[1]
+    await scenarios.drain_under_load(release, victim, gone=lambda n: not release.pod_exists(n))
+    serving = await asyncio.to_thread(release.wait_serving, 3, 300)
+    assert victim not in serving
+
+
+def test_helm_uninstall_leaves_only_what_is_documented(release: ChartFleet) -> None:
+    release.uninstall()
+    core, apps = release.core, k8s.AppsV1Api(release.cluster.api)
+
+    def gone() -> bool:
+        pods = core.list_namespaced_pod(NAMESPACE).items
+        return not pods
+
+    wait_for(gone, timeout=180, interval=1, what="every pod of the release gone")
+    assert apps.list_namespaced_deployment(NAMESPACE).items == []
+    services = [s.metadata.name for s in core.list_namespaced_service(NAMESPACE).items]
+    assert services == []
+    assert (
+        core.list_namespaced_config_map(
+            NAMESPACE, label_selector="app.kubernetes.io/instance=mcpfleet"
+        ).items
+        == []
+    )
+    assert (
+        release.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "keyrings")["items"]
+        == []
+    )
+    # What stays, as the chart's README says: the CRDs and the key Secret.
+    ext = k8s.ApiextensionsV1Api(release.cluster.api)
+    for crd in ("keyrings.mcpfleet.dev", "keyrotations.mcpfleet.dev"):
+        ext.read_custom_resource_definition(crd)
+    secrets = {s.metadata.name for s in core.list_namespaced_secret(NAMESPACE).items}
+    assert release.keyring in secrets
+    leftovers = secrets - {release.keyring}
+    assert not [s for s in leftovers if s.startswith("sh.helm.release")], leftovers
+    with pytest.raises(ApiException):
+        k8s.RbacAuthorizationV1Api(release.cluster.api).read_namespaced_role(
+            "mcpfleet-operator", NAMESPACE
+        )
