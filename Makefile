@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node
+.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,12 @@ node-deps:
 
 test-node: venv deps tools node-deps image
 	$(PY) -m pytest tests -m node
+
+# The chart installed with helm on a real cluster: PROVIDER=local (this machine's
+# node, root) or PROVIDER=kind (Docker).
+PROVIDER ?= local
+test-e2e: venv deps tools $(if $(filter local,$(PROVIDER)),node-deps image)
+	$(PY) -m pytest tests -m e2e --cluster-provider $(PROVIDER)
 
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.
 # NODE=1: a real node too (containerd, kubelet, scheduler, kube-proxy), pods on a bridge.

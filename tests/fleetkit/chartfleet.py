@@ -120,7 +120,7 @@ class ChartFleet:
 
     def test(self) -> str:
         return self.helm.run(
-            "test", self.release, "--namespace", self.namespace, "--logs", timeout=300
+            "test", self.release, "--namespace", self.namespace, timeout=300
         ).stdout
 
     def uninstall(self) -> str:

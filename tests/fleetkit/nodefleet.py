@@ -1,7 +1,8 @@
 """The node backend of the ``Fleet`` interface: replicas are real pods of the real image.
 
-:class:`NodeFleet` runs the replicas as a Deployment of ``localhost/mcpfleet``
-(``make image``) on a :class:`~fleetkit.node.Node`: the kubelet mounts the key
+:class:`NodeFleet` runs the replicas as the chart's Deployment
+(``helm install`` of ``charts/mcpfleet`` with only the replicas on, the images
+``make image`` built) on a :class:`~fleetkit.node.Node`: the kubelet mounts the key
 ring from a real Secret (a volume, no ``subPath``, so updates reach the files),
 runs the readiness (``/readyz``) and liveness (``/healthz``) probes, and sends
 SIGTERM when a pod is deleted. The replicas run as UID 10001 with a read-only
@@ -14,8 +15,8 @@ Redis and the routers are processes on this machine, as in the other backends:
 - the routers run on 127.0.0.1 and reach each replica at the address it
   attests (its pod IP, routed through the bridge). The scenarios measure what
   the router does with real pods behind it; a router pod would add only a
-  port-forward in front of the same code. (The chart's router Deployment is
-  the chart issue's to test.)
+  port-forward in front of the same code. (The chart's router pods, Redis
+  and operator are installed by the e2e tier, ``tests/e2e``.)
 
 The operations a scenario may do map onto what happens to pods in a cluster:
 
@@ -40,10 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.controlplane import wait_for
+from fleetkit.chartkit import CHART
+from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
 from fleetkit.fleet import diagnostics, require_redis, running
 from fleetkit.node import GATEWAY, Node
 from mcpfleet.server.contract import (
@@ -57,12 +60,15 @@ from mcpfleet.server.dev.fleet import wait_for as fleet_wait
 from mcpfleet.server.keys.ring import KeyRing
 
 SERVER_COMPONENT = "server"
+#: The helm release of the chart in the fleet's namespace ("<release>-server" is the Deployment).
+RELEASE = "mcpfleet"
 KEYS_MOUNT = "/etc/mcpfleet/keys"
 KEYS_MODE = 0o440
 REPLICA_PORT = 8001
-#: The replica's own drain deadline, and the kubelet's (a little longer).
+#: The replica's own drain deadline, and the kubelet's: the chart's preStop pause
+#: (1 s), the deadline, the drain linger (2 s) and 5 s.
 DRAIN_TIMEOUT = 30
-GRACE_SECONDS = DRAIN_TIMEOUT + 10
+GRACE_SECONDS = 1 + DRAIN_TIMEOUT + 2 + 5
 
 
 @dataclass(kw_only=True)
@@ -77,7 +83,7 @@ class NodeFleet(LocalFleet):
     node: Node
     namespace: str
     secret_name: str = "mcpfleet-keys"
-    deployment: str = "mcpfleet-server"
+    deployment: str = f"{RELEASE}-server"
     nudge: bool = True
     _api: k8s.ApiClient | None = field(default=None, init=False, repr=False)
 
@@ -108,7 +114,7 @@ class NodeFleet(LocalFleet):
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.prepare_keys()
         self.start_redis(timeout)
-        self.apps.create_namespaced_deployment(self.namespace, self.deployment_manifest())
+        self.install_chart()
         self.wait_serving(self.replicas, timeout)
         self.start_routers(timeout)
 
@@ -147,10 +153,8 @@ class NodeFleet(LocalFleet):
     def stop(self) -> None:
         for proc in self.router_procs:
             proc.stop(10)
-        with contextlib.suppress(ApiException):
-            self.apps.delete_namespaced_deployment(
-                self.deployment, self.namespace, propagation_policy="Foreground"
-            )
+        with contextlib.suppress(Exception):
+            self.helm.run("uninstall", RELEASE, "--namespace", self.namespace, timeout=120)
         with contextlib.suppress(ApiException):
             self.core.delete_collection_namespaced_pod(
                 self.namespace, label_selector=self.pod_selector, grace_period_seconds=0
@@ -161,130 +165,61 @@ class NodeFleet(LocalFleet):
             self._api.close()
             self._api = None
 
-    # --- manifests ----------------------------------------------------------------------
+    # --- the chart ----------------------------------------------------------------------
 
     def pod_labels(self) -> dict[str, str]:
+        """The chart's selector labels of the replica pods."""
         return {
             "app.kubernetes.io/name": "mcpfleet",
-            "app.kubernetes.io/instance": self.fleet,
+            "app.kubernetes.io/instance": RELEASE,
             COMPONENT_LABEL: SERVER_COMPONENT,
-            KEYRING_LABEL: self.secret_name,
         }
 
     @property
     def pod_selector(self) -> str:
         return ",".join(f"{k}={v}" for k, v in self.pod_labels().items())
 
-    def deployment_manifest(self) -> dict[str, Any]:
-        """The replicas' Deployment, as plain data (what the chart will render)."""
-        field_env = [("POD_NAME", "metadata.name"), ("POD_IP", "status.podIP")]
-        probe = {"port": REPLICA_PORT}
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": self.deployment, "labels": self.pod_labels()},
-            "spec": {
+    @property
+    def helm(self) -> Helm:
+        return Helm(
+            tools_bin_dir() / "helm", self.workdir / "helm", kubeconfig=self.node.admin_kubeconfig
+        )
+
+    def chart_values(self) -> dict[str, Any]:
+        """The chart's replicas alone: Redis and the routers run here, the test does the
+        operator's Secret writes, so neither the operator nor a KeyRing is installed."""
+        args = list(self.replica_args)
+        values: dict[str, Any] = {
+            **self.node.images.helm_values(),
+            "fleet": self.fleet,
+            "server": {
+                "app": self.app,
                 "replicas": self.replicas,
-                "selector": {"matchLabels": self.pod_labels()},
-                "strategy": {
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
-                },
-                "template": {
-                    "metadata": {"labels": self.pod_labels()},
-                    "spec": {
-                        "serviceAccountName": "mcpfleet-server",
-                        "automountServiceAccountToken": False,
-                        "terminationGracePeriodSeconds": GRACE_SECONDS,
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "runAsUser": 10001,
-                            "runAsGroup": 10001,
-                            "fsGroup": 10001,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "containers": [
-                            {
-                                "name": SERVER_COMPONENT,
-                                "image": self.node.images.app,
-                                "imagePullPolicy": "Never",
-                                "args": [
-                                    "serve",
-                                    "--app",
-                                    self.app,
-                                    "--host",
-                                    "0.0.0.0",
-                                    "--port",
-                                    str(REPLICA_PORT),
-                                    "--keys",
-                                    KEYS_MOUNT,
-                                    "--redis",
-                                    self.pod_redis_url,
-                                    "--fleet",
-                                    self.fleet,
-                                    "--drain-timeout",
-                                    str(DRAIN_TIMEOUT),
-                                    *self.replica_args,
-                                ],
-                                "env": [
-                                    {"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}}
-                                    for n, p in field_env
-                                ]
-                                + [{"name": "HOME", "value": "/tmp"}],
-                                "ports": [{"name": "mcp", "containerPort": REPLICA_PORT}],
-                                "readinessProbe": {
-                                    "httpGet": {"path": "/readyz", **probe},
-                                    "periodSeconds": 2,
-                                    "failureThreshold": 1,
-                                },
-                                "livenessProbe": {
-                                    "httpGet": {"path": "/healthz", **probe},
-                                    "periodSeconds": 10,
-                                    "failureThreshold": 3,
-                                    "timeoutSeconds": 5,
-                                },
-                                "startupProbe": {
-                                    "httpGet": {"path": "/healthz", **probe},
-                                    "periodSeconds": 1,
-                                    "failureThreshold": 120,
-                                },
-                                "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}},
-                                "securityContext": {
-                                    "allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]},
-                                },
-                                "volumeMounts": [
-                                    {"name": "keys", "mountPath": KEYS_MOUNT, "readOnly": True},
-                                    {"name": "tmp", "mountPath": "/tmp"},
-                                ],
-                            }
-                        ],
-                        "volumes": [
-                            {
-                                "name": "keys",
-                                "secret": {
-                                    "secretName": self.secret_name,
-                                    "defaultMode": KEYS_MODE,
-                                },
-                            },
-                            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
-                        ],
-                    },
-                },
+                "port": REPLICA_PORT,
+                "drain": {"timeout": DRAIN_TIMEOUT},
+                # Requests only: a busy 2-core machine must not throttle the pods.
+                "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}},
+                "extraArgs": args,
             },
+            "keyRing": {"create": False, "secretName": self.secret_name},
+            "operator": {"enabled": False},
+            "router": {"enabled": False},
+            "redis": {"enabled": False, "external": {"url": self.pod_redis_url}},
+            "monitoring": {"dashboards": {"enabled": False}},
         }
+        return values
+
+    def install_chart(self) -> None:
+        """``helm install`` of charts/mcpfleet: the replicas' Deployment is the chart's."""
+        path = self.workdir / "values.yaml"
+        path.write_text(yaml.safe_dump(self.chart_values()))
+        self.helm.run(
+            "install", RELEASE, str(CHART), "--namespace", self.namespace, "-f", str(path),
+            timeout=300,
+        )  # fmt: skip
 
     def prepare_keys(self) -> None:
-        """The replicas' ServiceAccount (no token) and the key ring Secret."""
-        with contextlib.suppress(ApiException):
-            self.core.create_namespaced_service_account(
-                self.namespace,
-                {
-                    "metadata": {"name": "mcpfleet-server"},
-                    "automountServiceAccountToken": False,
-                },
-            )
+        """The key ring Secret, as the operator would have made it."""
         secret = {
             "metadata": {
                 "name": self.secret_name,

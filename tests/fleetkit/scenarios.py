@@ -169,8 +169,10 @@ async def drain_under_load(
     sessions = [asyncio.create_task(session(i)) for i in range(20)]
     await asyncio.to_thread(
         wait_for,
-        lambda: fleet.attestations().get(victim) is not None
-        and fleet.attestations()[victim].sessions >= 1,
+        lambda: (
+            fleet.attestations().get(victim) is not None
+            and fleet.attestations()[victim].sessions >= 1
+        ),
         timeout=60,
         what=f"a session on {victim}",
     )

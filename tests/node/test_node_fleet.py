@@ -169,90 +169,15 @@ async def test_killed_owner_gives_404_then_a_new_session_completes(nf: NodeFleet
 
 @pytest.mark.timeout(NODE_START_TIMEOUT)
 async def test_deleting_a_pod_drains_it_under_load_and_nothing_fails(nf: NodeFleet) -> None:
-    """The kubelet's SIGTERM: sessions on the pod finish there, new work goes elsewhere.
-
-    Ten handshake sessions open before the deletion (some land on the victim
-    and must finish on it), ten after it (none may land on the victim), with a
-    stream of modern rounds all along. The pod is gone within its grace period
-    and the Deployment brings the fleet back to three.
-    """
-    names = nf.replica_names()
-    victim = names[1]
-    drained = asyncio.Event()
-    stop = asyncio.Event()
-    modern: list[str] = []
-    modern_failed: list[str] = []
-    placed_after: list[str] = []
-    owners: list[str] = []
-
-    async def modern_stream() -> None:
-        async with connect(nf.url, "modern") as client:
-            while not stop.is_set():
-                try:
-                    result = await client.call_tool(
-                        "confirm_purchase", {"item": "tea", "amount_eur": 2}
-                    )
-                    assert str(result.data).startswith("Purchased")
-                    modern.append("ok")
-                except Exception as exc:
-                    modern_failed.append(f"{type(exc).__name__}: {exc}")
-
-    async def session(i: int) -> str:
-        if i >= 10:
-            await drained.wait()
-        trace = Trace()
-
-        async def thinker(message: str, schema: dict[str, Any]) -> Any:
-            await asyncio.sleep(1.0)  # a person answering, while the pod is told to go
-            return default_answer(message, schema)
-
-        opened_after = drained.is_set()
-        async with connect(nf.url, "handshake", trace, answer=thinker) as client:
-            result = await client.call_tool("plan_meeting", {"topic": f"T{i}"})
-        (owner,) = trace.replicas()
-        owners.append(owner)
-        if opened_after:
-            placed_after.append(owner)
-        return str(result.data)
-
-    load = asyncio.create_task(modern_stream())
-    sessions = [asyncio.create_task(session(i)) for i in range(20)]
-    await asyncio.to_thread(
-        wait_for,
-        lambda: nf.attestations()[victim].sessions >= 1,
-        timeout=60,
-        what=f"a session on {victim}",
-    )
+    """The kubelet's SIGTERM: sessions on the pod finish there, new work goes elsewhere
+    (the shared drain scenario); the pod is gone within its grace period and the
+    Deployment brings the fleet back to three."""
+    victim = nf.replica_names()[1]
     deleted = time.monotonic()
-    await asyncio.to_thread(nf.drain, victim)
-    router_ready = nf.url.replace("/mcp", "/readyz")
-    await asyncio.to_thread(
-        wait_for,
-        lambda: httpx.get(router_ready, timeout=2).json()["replicas"].get(victim) != "serving",
-        timeout=30,
-        what="the router to see the drain",
+    await scenarios.drain_under_load(
+        nf, victim, gone=lambda n: not nf.pod_exists(n), timeout=GRACE_SECONDS + 200
     )
-    drained.set()
-    results = await asyncio.wait_for(asyncio.gather(*sessions), 240)
-    stop.set()
-    await load
-    assert all(r.startswith("Planned 'T") for r in results), results
-    assert modern_failed == []
-    assert len(modern) > 5
-    assert placed_after and victim not in placed_after
-    assert victim in owners, "sessions pinned to the deleted pod finished on it"
-    gone_after = await asyncio.to_thread(
-        lambda: (
-            wait_for(
-                lambda: not nf.pod_exists(victim),
-                timeout=GRACE_SECONDS + 30,
-                interval=0.2,
-                what=f"{victim} to be gone",
-            ),
-            time.monotonic() - deleted,
-        )[1]
-    )
-    assert gone_after < GRACE_SECONDS + 30
+    assert time.monotonic() - deleted < GRACE_SECONDS + 200
     serving = await asyncio.to_thread(nf.wait_serving, 3, 180)
     assert victim not in serving
 
@@ -260,66 +185,15 @@ async def test_deleting_a_pod_drains_it_under_load_and_nothing_fails(nf: NodeFle
 async def test_a_rolling_update_under_load_fails_no_round_and_no_session(nf: NodeFleet) -> None:
     """A changed pod template rolls out (one new pod up, one old pod deleted, three
     times): every old pod is drained by the kubelet's SIGTERM while modern rounds
-    and handshake sessions keep flowing, and none fails."""
-    old = set(nf.replica_names())
-    stop = asyncio.Event()
-    done: list[str] = []
-    failed: list[str] = []
-
-    async def modern_user() -> None:
-        while not stop.is_set():
-            try:
-                async with connect(nf.url, "modern") as client:
-                    while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": "Oslo"})
-                        assert str(result.data).startswith("Booked"), result.data
-                        done.append("modern")
-            except Exception as exc:
-                failed.append(f"modern {type(exc).__name__}: {exc}")
-
-    async def handshake_user(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(nf.url, "handshake") as client:
-                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
-                assert str(result.data).startswith(f"Planned 'R{n}'"), result.data
-                done.append("handshake")
-            except Exception as exc:
-                failed.append(f"handshake {type(exc).__name__}: {exc}")
-
-    users = [asyncio.create_task(modern_user()) for _ in range(2)]
-    users += [asyncio.create_task(handshake_user(n)) for n in range(2)]
+    and handshake sessions keep flowing, and none fails (the shared scenario)."""
     patch = {
         "spec": {
             "template": {"metadata": {"annotations": {"mcpfleet.dev/rolled-at": str(time.time())}}}
         }
     }
-    try:
-        await asyncio.to_thread(
-            wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the rollout"
-        )
-        await asyncio.to_thread(
-            nf.apps.patch_namespaced_deployment, nf.deployment, nf.namespace, patch
-        )
 
-        def rolled_out() -> list[str] | None:
-            names = nf.replica_names()
-            pods = nf.pods()
-            if len(pods) == 3 and len(names) == 3 and not (set(names) & old):
-                return names
-            return None
+    def roll() -> None:
+        nf.apps.patch_namespaced_deployment(nf.deployment, nf.namespace, patch)
 
-        new = await asyncio.to_thread(
-            wait_for, rolled_out, timeout=420, interval=1, what="the rollout to finish"
-        )
-        await asyncio.to_thread(nf.wait_serving, 3, 120)
-        before = len(done)
-        await asyncio.to_thread(
-            wait_for, lambda: len(done) >= before + 5, timeout=60, what="traffic after it"
-        )
-    finally:
-        stop.set()
-        await asyncio.gather(*users)
-    assert failed == []
-    assert not set(new) & old
-    assert {"modern", "handshake"} <= set(done)
+    new = await scenarios.rolling_update_under_load(nf, roll)
+    assert len(new) == 3
