@@ -21,6 +21,7 @@ import yaml
 
 from fleetkit import chartkit
 from fleetkit.controlplane import Helm, HelmError, require_tools
+from mcpfleet.server.contract import RedisKeys
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -333,8 +334,18 @@ def test_with_redis_auth_each_component_mounts_only_its_own_password(
     assert set(secret["data"]) == {"replica", "router", "operator", "users.acl"}
     import base64
 
-    acl = base64.b64decode(secret["data"]["users.acl"]).decode()
-    assert "user default off" in acl
+    acl = base64.b64decode(secret["data"]["users.acl"]).decode().splitlines()
+    assert acl[0] == "user default off"
+    # Each user has exactly the rules the server's contract names for its component.
+    keys = RedisKeys(_by(docs, "KeyRing")["spec"]["fleet"])
+    for line, component in zip(acl[1:], ("replica", "router", "operator"), strict=True):
+        user, on, password, *rules = line.split()[1:]
+        assert (user, on) == (component, "on") and password.startswith(">")
+        assert (
+            len(password) > 30
+            and password[1:] == base64.b64decode(secret["data"][component]).decode()
+        )
+        assert rules == keys.acl_rules(component)
     for suffix, user in [("-server", "replica"), ("-router", "router"), ("-operator", "operator")]:
         spec = _by(docs, "Deployment", suffix)["spec"]["template"]["spec"]
         (volume,) = [v for v in spec["volumes"] if v["name"] == "redis-password"]

@@ -110,7 +110,8 @@ class ChartFleet:
             str(CHART),
             "--namespace",
             self.namespace,
-            "--reuse-values",
+            # New chart defaults, with the values the release was installed with.
+            "--reset-then-reuse-values",
             "--wait",
             "--timeout",
             f"{int(timeout)}s",
@@ -169,8 +170,18 @@ class ChartFleet:
         return sorted(p.metadata.name for p in self.pods() if ready(p))
 
     def redis_client(self) -> redis.Redis:
+        """The release's Redis, as the operator's read-only user when auth is on."""
         host, port = self.cluster.reach(self.namespace, f"{self.fullname}-redis", 6379)
-        return redis.Redis(host=host, port=port, socket_timeout=3)
+        try:
+            auth = self.core.read_namespaced_secret(f"{self.fullname}-redis-auth", self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return redis.Redis(host=host, port=port, socket_timeout=3)
+        password = base64.b64decode(auth.data["operator"]).decode()
+        return redis.Redis(
+            host=host, port=port, username="operator", password=password, socket_timeout=3
+        )
 
     def attestations(self) -> dict[str, Attestation]:
         with contextlib.closing(self.redis_client()) as client:
