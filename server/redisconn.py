@@ -508,6 +508,11 @@ def describe(exc: BaseException) -> str:
             f"TLS certificate verify failed ({_short(text)}): is --redis-ca-file the CA "
             "that signed the Redis server's certificate?"
         )
+    if "certificate required" in low or "certificate_required" in low:
+        return (
+            f"the Redis server wants a client certificate ({_short(text)}): "
+            "give --redis-cert-file and --redis-key-file"
+        )
     if "wrongpass" in low or "invalid username-password" in low:
         return "authentication failed (WRONGPASS): check the user in the URL and the password file"
     if "noperm" in low:

@@ -23,7 +23,7 @@ from redis.exceptions import NoPermissionError
 from fleetkit import scenarios
 from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
 from fleetkit.wire import initialize_body
-from mcpfleet.server.contract import REDIS_COMPONENTS, RedisKeys, SESSION_HEADER
+from mcpfleet.server.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
 from mcpfleet.server.dev.fleet import wait_for
 
 from .conftest import shared
@@ -116,8 +116,10 @@ def test_a_drained_replica_withdraws_its_record_under_the_replica_user(
     with contextlib.closing(server.admin()) as admin:
         wait_for(
             "replica-2 to withdraw its record and its name",
-            lambda: admin.get(keys.replica("replica-2")) is None
-            and b"replica-2" not in admin.smembers(keys.replicas),
+            lambda: (
+                admin.get(keys.replica("replica-2")) is None
+                and b"replica-2" not in admin.smembers(keys.replicas)
+            ),
             30,
         )
 
@@ -185,6 +187,7 @@ def test_two_fleets_on_one_redis_see_only_their_own_prefix(
     acl_log(server, reset=True)
     with green:
         text, replicas, _ = scenarios_handshake(green)
+        assert text.startswith("Planned 'green'")
         assert replicas == {"replica-0"}
         assert set(green.attestations()) == {"replica-0"}
         assert "replica-0" in blue.attestations() and "replica-1" in blue.attestations()
