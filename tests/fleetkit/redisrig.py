@@ -35,6 +35,7 @@ from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, free_port, w
 from mcpfleet.server.registry import read_replicas_sync
 
 ADMIN = "mcpfleet-test-admin"
+REPLICATION = "mcpfleet-test-replication"
 MASTER = "mcpfleet"
 
 
@@ -106,6 +107,7 @@ class RedisServer:
     replica_of: RedisServer | None = None
     port: int = 0
     admin_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    repl_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     proc: Proc | None = None
 
     @property
@@ -121,6 +123,8 @@ class RedisServer:
             f"dir {self.dir}",
             "user default off",
             f"user {ADMIN} on >{self.admin_password} ~* &* +@all",
+            # What a replica authenticates as to its master: only replication.
+            f"user {REPLICATION} on >{self.repl_password} +psync +replconf +ping",
             # Sentinel tests want a quick failover; harmless elsewhere.
             "repl-diskless-sync yes",
             "repl-diskless-sync-delay 0",
@@ -139,8 +143,8 @@ class RedisServer:
         if self.replica_of is not None:
             lines += [
                 f"replicaof 127.0.0.1 {self.replica_of.port}",
-                f"masteruser {ADMIN}",
-                f"masterauth {self.replica_of.admin_password}",
+                f"masteruser {REPLICATION}",
+                f"masterauth {self.replica_of.repl_password}",
             ]
         return "\n".join(lines) + "\n"
 
@@ -171,6 +175,16 @@ class RedisServer:
             socket_connect_timeout=timeout,
             **kwargs,
         )
+
+    def hold_replication(self) -> None:
+        """On a master: cut its replicas off and keep them off (their user disabled).
+
+        The master goes on acknowledging writes; the replicas stay up, serving
+        reads, a little behind: the state a failover then promotes.
+        """
+        with contextlib.closing(self.admin()) as admin:
+            admin.execute_command("ACL", "SETUSER", REPLICATION, "off")
+            admin.execute_command("CLIENT", "KILL", "USER", REPLICATION)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -372,11 +386,10 @@ class Sentinels:
         def known() -> bool:
             for port in self.ports:
                 with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as s:
-                    info = s.execute_command("SENTINEL", "MASTER", MASTER)
-                    fields = dict(zip(info[::2], info[1::2], strict=False))
-                    if int(fields[b"num-slaves"]) < count:
+                    info = s.sentinel_master(MASTER)
+                    if int(info["num-slaves"]) < count:
                         return False
-                    if int(fields[b"num-other-sentinels"]) < self.count - 1:
+                    if int(info["num-other-sentinels"]) < self.count - 1:
                         return False
             return True
 
