@@ -11,7 +11,10 @@ is refused. A second fleet on the same Redis sees only its own prefix.
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,6 +135,76 @@ def test_nothing_in_normal_operation_was_denied(blue: RedisFleet, server: RedisS
     assert {blue.users["replica"][0], blue.users["router"][0]} <= users, users
     assert "default" not in users
     assert acl_log(server) == [], "a component sent a command outside its rules"
+
+
+def _router_degraded(lf: RedisFleet) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{lf.router_ports[0]}/readyz", timeout=1) as r:
+        return bool(json.loads(r.read())["degraded"])
+
+
+def _open_session(url: str) -> tuple[str, str]:
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    resp = httpx.post(url, content=initialize_body("acl-test"), headers=headers, timeout=10)
+    assert resp.status_code == 200, resp.text
+    return resp.headers[SESSION_HEADER], resp.headers["x-mcpfleet-replica"]
+
+
+def _ping(url: str, session: str) -> httpx.Response:
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        SESSION_HEADER: session,
+    }
+    return httpx.post(url, content='{"jsonrpc":"2.0","id":3,"method":"ping"}', headers=headers)
+
+
+def test_the_redis_password_rotates_without_a_restart(
+    blue: RedisFleet, server: RedisServer
+) -> None:
+    """Add the new password, swap the file, drop connections, remove the old one: no denial."""
+    user, password_file = blue.users["router"]
+    old = password_file.read_text().strip()
+    new = secrets.token_hex(16)
+    acl_log(server, reset=True)
+    with contextlib.closing(server.admin()) as admin:
+        admin.execute_command("ACL", "SETUSER", user, f">{new}")
+        password_file.write_text(new + "\n")
+        admin.execute_command("CLIENT", "KILL", "USER", user)
+        admin.execute_command("ACL", "SETUSER", user, f"<{old}")
+        wait_for(
+            "the router to reconnect with the new password",
+            lambda: any(c["user"] == user for c in admin.client_list()),
+            10,
+        )
+        session, owner = _open_session(blue.url)
+        # Written under the new password: the route is in Redis.
+        assert admin.get(RedisKeys("blue").session(session)) == owner.encode()
+    assert not _router_degraded(blue)
+    assert acl_log(server) == []
+
+
+def test_a_vanished_password_file_degrades_the_router_and_loses_nothing(
+    blue: RedisFleet, server: RedisServer
+) -> None:
+    """The file gone (a broken Secret): the router says so, routes from its cache, recovers."""
+    user, password_file = blue.users["router"]
+    session, owner = _open_session(blue.url)
+    saved = password_file.read_text()
+    password_file.unlink()
+    try:
+        with contextlib.closing(server.admin()) as admin:
+            admin.execute_command("CLIENT", "KILL", "USER", user)
+        wait_for("the router to report degraded", lambda: _router_degraded(blue), 10)
+        log = blue.router_procs[0].tail(200)
+        assert f"Redis password file {password_file} does not exist" in log
+        assert saved.strip() not in log
+        # Known sessions route from the cache, modern rounds need no Redis.
+        answer = _ping(blue.url, session)
+        assert answer.status_code == 200 and answer.headers["x-mcpfleet-replica"] == owner
+    finally:
+        password_file.write_text(saved)
+    wait_for("the router to leave degraded", lambda: not _router_degraded(blue), 10)
+    assert _ping(blue.url, session).status_code == 200
 
 
 @pytest.mark.parametrize("component", REDIS_COMPONENTS)
