@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mcpfleet.server import __version__
+from mcpfleet.server import __version__, redisconn
 from mcpfleet.server.config import DEFAULT_APP, ReplicaConfig, RouterConfig
 from mcpfleet.server.contract import check_fleet_name
+from mcpfleet.server.redisconn import RedisFiles, RedisSettings
 from mcpfleet.server.replica.appload import AppLoadError
 
 log = logging.getLogger("mcpfleet")
@@ -61,12 +62,14 @@ def _fleet(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _redis_url(text: str) -> str:
-    if not text.startswith(("redis://", "rediss://", "unix://")):
-        raise argparse.ArgumentTypeError(
-            f"a Redis URL starts with redis://, rediss:// or unix://: {text!r}"
-        )
-    return text
+def _redis(args: argparse.Namespace) -> RedisSettings | None:
+    """The checked Redis settings of ``serve``/``router``; a UsageError names what to fix."""
+    if not args.redis:
+        return None
+    try:
+        return redisconn.from_args(args)
+    except redisconn.RedisConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=rep.host)
     s.add_argument("--port", type=_port, default=rep.port)
     s.add_argument("--keys", type=Path, required=True, help="key ring directory (a Secret volume)")
-    s.add_argument("--redis", type=_redis_url, help="Redis URL for the registry (omit: standalone)")
+    redisconn.add_flags(s, url_help="Redis for the registry (omit: standalone)")
     s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
     s.add_argument("--advertise", default="", help="URL other components reach this replica at")
     s.add_argument("--fleet", type=_fleet, default=rep.fleet)
@@ -111,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host)
     r.add_argument("--port", type=_port, default=rtr.port)
-    r.add_argument("--redis", type=_redis_url, required=True)
+    redisconn.add_flags(r, url_help="Redis for the routing table", required=True)
     r.add_argument("--fleet", type=_fleet, default=rtr.fleet)
     r.add_argument(
         "--session-ttl",
@@ -264,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "serve":
+            redis = _redis(args)
             from mcpfleet.server.keys.ring import KeyRingError
             from mcpfleet.server.replica.runtime import run_replica
 
@@ -276,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         port=args.port,
                         name=args.name,
                         advertise=args.advertise,
-                        redis_url=args.redis,
+                        redis_url=redis.url if redis else None,
+                        redis_files=redis.files if redis else RedisFiles(),
                         fleet=args.fleet,
                         audience=args.audience,
                         state_ttl=args.state_ttl,
@@ -292,11 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyRingError as exc:
                 raise UsageError(f"no valid key ring: {exc}") from None
         elif args.command == "router":
+            router_redis = _redis(args)
+            assert router_redis is not None  # --redis is required
             from mcpfleet.server.router.proxy import run_router
 
             run_router(
                 RouterConfig(
-                    redis_url=args.redis,
+                    redis_url=router_redis.url,
+                    redis_files=router_redis.files,
                     host=args.host,
                     port=args.port,
                     fleet=args.fleet,

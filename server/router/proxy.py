@@ -120,7 +120,7 @@ class Router:
         self.config = config
         self.keys = RedisKeys(config.fleet)
         self.health = Health()
-        self.redis = connect(config.redis_url)
+        self.redis = connect(config.redis_url, config.redis_files)
         self.view = ReplicaView(
             self.redis, self.keys, self.health, absent_limit=config.owner_absent_limit
         )
