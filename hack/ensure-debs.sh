@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the fleet and its tests start for real
-# (redis-server, prometheus/promtool), only where they are missing.
+# (redis-server, redis-sentinel, prometheus/promtool), only where they are missing.
 # Extra package names may be given (make bench adds nginx, its baseline proxy),
 # and two groups by name:
 #   image  what `make image` needs without a Docker engine (buildah, runc,
@@ -10,6 +10,7 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
 command -v promtool >/dev/null || need+=(prometheus)
 for pkg in "$@"; do
   case "$pkg" in
