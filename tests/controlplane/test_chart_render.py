@@ -436,3 +436,14 @@ def test_the_chart_readme_lists_every_value() -> None:
     readme = (chartkit.CHART / "README.md").read_text()
     listed = set(re.findall(r"^\| `([^`]+)` \|", readme, flags=re.M))
     assert listed == set(chartkit.value_paths(values))
+
+
+def test_an_upgrade_that_changes_the_replicas_does_not_restart_redis(helm: Helm) -> None:
+    """Redis' pod template is the same whatever else changes (its ACL checksum holds
+    no generated password): restarting it would drop every session's route."""
+
+    def redis_template(*settings: str) -> dict[str, Any]:
+        docs = chartkit.objects(chartkit.render(helm, *settings))
+        return _by(docs, "Deployment", "-redis")["spec"]["template"]
+
+    assert redis_template() == redis_template("--set", "server.stateTTL=5,server.replicas=4")
