@@ -51,3 +51,31 @@ def test_answers_that_are_not_the_expected_round_count_as_bad(small_fleet: Local
 def test_limit_stops_after_that_many_responses(small_fleet: LocalFleet) -> None:
     res = run_wrk(small_fleet.url, connections=1, seconds=1, limit=7)
     assert res.requests == 7
+
+
+async def test_sessions_held_with_a_pending_elicitation_answer_pings_and_finish(
+    small_fleet: LocalFleet, tmp_path: Path
+) -> None:
+    """The bench's handshake sessions, and wrk's sticky script, against a real replica."""
+    import aiohttp
+
+    from fleetkit.sessionbench import finish_elicitation, initialize, ping, start_elicitation
+
+    url = small_fleet.url
+    async with aiohttp.ClientSession() as http:
+        held = [await initialize(http, url) for _ in range(3)]
+        for h in held:
+            await start_elicitation(http, url, h)
+            assert h.stream is not None and h.elicitation_id is not None
+            await ping(http, url, h)
+        ids = tmp_path / "sessions.txt"
+        ids.write_text("".join(f"{h.session}\n" for h in held))
+        direct = f"{small_fleet.members['replica-0'].url}/mcp"
+        for target in (url, direct):
+            res = run_wrk(target, connections=1, seconds=1, mode="sticky", sessions_file=ids)
+            assert res.requests > 10
+            assert (res.bad, res.socket_errors) == (0, 0)
+        assert [await finish_elicitation(http, url, h) for h in held] == [True] * 3
+        # Deleted by finish_elicitation: the sticky script now counts every answer bad.
+        res = run_wrk(url, connections=1, seconds=1, mode="sticky", sessions_file=ids)
+        assert res.requests > 0 and res.bad == res.requests

@@ -486,6 +486,9 @@ def main() -> None:
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
+    from fleetkit.sessionbench import measure_sessions
+
+    rows += asyncio.run(measure_sessions(args.quick, results))
     if not args.scale_only:
         from fleetkit.operatorbench import rotation_rows
 

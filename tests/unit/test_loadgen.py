@@ -71,3 +71,22 @@ def test_parse_result_reads_the_line_the_lua_script_prints() -> None:
 def test_parse_result_refuses_output_without_the_result_line() -> None:
     with pytest.raises(ValueError, match="mcpfleet-wrk"):
         parse_result("Running 1s test\nRequests/sec: 100\n")
+
+
+def test_net_commands_subtract_the_background_rate_over_the_window() -> None:
+    from fleetkit.sessionbench import net_commands
+
+    before = {"get": 10, "set": 100, "sadd": 50}
+    after = {"get": 1010, "set": 130, "sadd": 80, "ping": 3}
+    background = {"set": 10.0, "sadd": 10.0}  # per second: heartbeats
+    net = net_commands(before, after, background, seconds=3.0)
+    assert net == {"get": 1000, "ping": 3}  # set and sadd were all background
+
+
+def test_per_request_totals_and_names_each_command() -> None:
+    from fleetkit.sessionbench import _per_request
+
+    total, detail = _per_request({"get": 1.0, "ping": 0.015}, 1000)
+    assert total == "1.015"
+    assert detail == "net: GET +1000, PING +15"
+    assert _per_request({}, 1000) == ("0.000", "net: none")
