@@ -61,7 +61,7 @@ from mcpfleet.operator.rotation import (
     turn,
 )
 from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION, RedisKeys
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.registry import read_replicas_sync
 
 log = logging.getLogger("mcpfleet.operator")

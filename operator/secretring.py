@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from mcpfleet.operator.api import ROTATION_ANNOTATION, ROTATION_UID_ANNOTATION
 from mcpfleet.operator.rotation import RingView
 from mcpfleet.server.contract import KEYRING_FILE, KEYRING_LABEL
-from mcpfleet.server.keyring import KeyRing, KeyRingError
+from mcpfleet.server.keys.ring import KeyRing, KeyRingError
 
 
 class SecretConflict(RuntimeError):

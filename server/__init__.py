@@ -6,7 +6,7 @@ namespace so that nothing here shadows a standard-library module.
 The public API for FastMCP authors is re-exported here: guard flows that ask
 users for input on both protocol eras (:mod:`mcpfleet.server.guard`) and the
 Prometheus middleware counting asking vs final rounds
-(:mod:`mcpfleet.server.metrics`). They are imported on first use, so that a
+(:mod:`mcpfleet.server.replica.middleware`). They are imported on first use, so that a
 process needing only the contract (the operator, ``mcpfleet keys``) does not
 load FastMCP.
 """
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         first_missing,
         is_modern,
     )
-    from mcpfleet.server.metrics import PrometheusMiddleware
+    from mcpfleet.server.replica.middleware import PrometheusMiddleware
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,7 @@ _EXPORTS = {
     "ask_then": "mcpfleet.server.guard",
     "first_missing": "mcpfleet.server.guard",
     "is_modern": "mcpfleet.server.guard",
-    "PrometheusMiddleware": "mcpfleet.server.metrics",
+    "PrometheusMiddleware": "mcpfleet.server.replica.middleware",
 }
 
 __all__ = [

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mcpfleet.server import __version__
-from mcpfleet.server.appload import AppLoadError
 from mcpfleet.server.config import DEFAULT_APP, ReplicaConfig, RouterConfig
 from mcpfleet.server.contract import check_fleet_name
+from mcpfleet.server.replica.appload import AppLoadError
 
 log = logging.getLogger("mcpfleet")
 
@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_keys(action: str, directory: Path, force: bool) -> None:
-    from mcpfleet.server.keydir import read_ring, write_ring
-    from mcpfleet.server.keyring import KeyRing, KeyRingError
+    from mcpfleet.server.keys.files import read_ring, write_ring
+    from mcpfleet.server.keys.ring import KeyRing, KeyRingError
 
     try:
         if action == "generate":
@@ -178,8 +178,8 @@ def cmd_keys(action: str, directory: Path, force: bool) -> None:
 def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     import shutil
 
-    from mcpfleet.server.devfleet import FleetError, LocalFleet, start_monitoring
-    from mcpfleet.server.devsupervisor import Supervisor
+    from mcpfleet.server.dev.fleet import FleetError, LocalFleet, start_monitoring
+    from mcpfleet.server.dev.supervisor import Supervisor
 
     if replicas < 1:
         raise UsageError("--replicas must be at least 1")
@@ -190,9 +190,9 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
             "Falling back to embedded mode: ONE replica, no Redis, no router.",
             file=sys.stderr,
         )
-        from mcpfleet.server.keydir import write_ring
-        from mcpfleet.server.keyring import KeyRing
-        from mcpfleet.server.replica import run_replica
+        from mcpfleet.server.keys.files import write_ring
+        from mcpfleet.server.keys.ring import KeyRing
+        from mcpfleet.server.replica.runtime import run_replica
 
         write_ring(work / "keys", KeyRing.generate())
         print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{port}/mcp", flush=True)
@@ -250,8 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "serve":
-            from mcpfleet.server.keyring import KeyRingError
-            from mcpfleet.server.replica import run_replica
+            from mcpfleet.server.keys.ring import KeyRingError
+            from mcpfleet.server.replica.runtime import run_replica
 
             try:
                 run_replica(
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyRingError as exc:
                 raise UsageError(f"no valid key ring: {exc}") from None
         elif args.command == "router":
-            from mcpfleet.server.router import run_router
+            from mcpfleet.server.router.proxy import run_router
 
             run_router(
                 RouterConfig(
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "dev":
             cmd_dev(args.replicas, args.port, args.app, args.workdir)
         elif args.command == "demo":
-            from mcpfleet.server.demo import run_demo
+            from mcpfleet.server.dev.demo import run_demo
 
             asyncio.run(run_demo(args.url, args.era))
         elif args.command in ("operator", "rotate"):

@@ -28,7 +28,7 @@ from fleetkit.cpfleet import (
 )
 from fleetkit.kubelet_secret import DATA_DIR
 from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
-from mcpfleet.server.keydir import read_ring
+from mcpfleet.server.keys.files import read_ring
 
 pytestmark = pytest.mark.controlplane
 

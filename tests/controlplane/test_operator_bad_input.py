@@ -34,7 +34,7 @@ from fleetkit.operatorkit import (
 )
 from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION
 from mcpfleet.server.contract import KEYRING_FILE, RedisKeys
-from mcpfleet.server.keyring import KeyRing, compute_kid
+from mcpfleet.server.keys.ring import KeyRing, compute_kid
 from mcpfleet.server.registry import read_replicas_sync
 
 pytestmark = pytest.mark.controlplane

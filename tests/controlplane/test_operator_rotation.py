@@ -35,7 +35,7 @@ from fleetkit.operatorkit import (
     ring_body_for,
 )
 from mcpfleet.operator.api import KEYRINGS, KEYROTATIONS
-from mcpfleet.server.demo import connect
+from mcpfleet.server.dev.demo import connect
 
 pytestmark = pytest.mark.controlplane
 

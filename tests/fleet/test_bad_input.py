@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from fleetkit.wire import modern_call
-from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
-from mcpfleet.server.keydir import write_ring, write_volume
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
+from mcpfleet.server.keys.files import write_ring, write_volume
+from mcpfleet.server.keys.ring import KeyRing
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 

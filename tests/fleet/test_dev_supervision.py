@@ -17,7 +17,7 @@ import pytest
 
 from fleetkit.fleet import require_redis
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.server.devfleet import free_port, mcpfleet_argv, wait_for
+from mcpfleet.server.dev.fleet import free_port, mcpfleet_argv, wait_for
 
 
 class Dev:

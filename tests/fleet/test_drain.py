@@ -13,8 +13,8 @@ import pytest
 
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import modern_call
-from mcpfleet.server.demo import Trace, connect, default_answer
-from mcpfleet.server.devfleet import LocalFleet, wait_for
+from mcpfleet.server.dev.demo import Trace, connect, default_answer
+from mcpfleet.server.dev.fleet import LocalFleet, wait_for
 
 from .conftest import watched
 

@@ -30,11 +30,11 @@ from mcp_types import ElicitResult
 from fleetkit import monitoring, scenarios
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.server.demo import connect
-from mcpfleet.server.devfleet import LocalFleet, wait_for
-from mcpfleet.server.keydir import write_ring, write_volume
-from mcpfleet.server.keyring import KeyRing
-from mcpfleet.server.localprom import LocalPrometheus
+from mcpfleet.server.dev.demo import connect
+from mcpfleet.server.dev.fleet import LocalFleet, wait_for
+from mcpfleet.server.dev.localprom import LocalPrometheus
+from mcpfleet.server.keys.files import write_ring, write_volume
+from mcpfleet.server.keys.ring import KeyRing
 
 from .conftest import shared
 

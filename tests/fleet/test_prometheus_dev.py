@@ -18,7 +18,7 @@ import pytest
 
 from fleetkit import monitoring
 from fleetkit.fleet import require_redis
-from mcpfleet.server.devfleet import free_port, wait_for
+from mcpfleet.server.dev.fleet import free_port, wait_for
 
 DEV = [sys.executable, "-m", "mcpfleet.server.cli", "dev", "--replicas", "1"]
 

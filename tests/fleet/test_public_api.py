@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from fleetkit.fleet import local_fleet
-from mcpfleet.server.demo import Trace, connect
-from mcpfleet.server.devfleet import LocalFleet
+from mcpfleet.server.dev.demo import Trace, connect
+from mcpfleet.server.dev.fleet import LocalFleet
 
 from .conftest import shared
 

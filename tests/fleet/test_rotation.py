@@ -10,7 +10,7 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.devfleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
 
 from .conftest import shared
 

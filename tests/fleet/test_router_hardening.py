@@ -26,8 +26,8 @@ import redis
 from fleetkit.fleet import local_fleet, require_redis
 from fleetkit.wire import initialize_body
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
-from mcpfleet.server.devfleet import LocalFleet, free_port, wait_for
-from mcpfleet.server.router import Router, RouterConfig
+from mcpfleet.server.dev.fleet import LocalFleet, free_port, wait_for
+from mcpfleet.server.router.proxy import Router, RouterConfig
 
 from .conftest import watched
 
@@ -340,7 +340,7 @@ def test_a_stalled_body_gets_a_json_rpc_408(impatient_fleet: LocalFleet) -> None
 async def test_a_stream_outlives_the_header_and_body_deadlines(
     impatient_fleet: LocalFleet,
 ) -> None:
-    from mcpfleet.server.demo import connect
+    from mcpfleet.server.dev.demo import connect
 
     async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
         result = await client.call_tool("ticker", {"count": 4, "interval": 1.0})

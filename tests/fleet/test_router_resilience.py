@@ -17,8 +17,8 @@ import redis
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
-from mcpfleet.server.demo import Trace, connect, default_answer
-from mcpfleet.server.devfleet import LocalFleet, wait_for
+from mcpfleet.server.dev.demo import Trace, connect, default_answer
+from mcpfleet.server.dev.fleet import LocalFleet, wait_for
 
 from .conftest import watched
 

@@ -13,8 +13,8 @@ import pytest
 
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import MODERN, MODERN_META
-from mcpfleet.server.demo import connect
-from mcpfleet.server.devfleet import LocalFleet, wait_for
+from mcpfleet.server.dev.demo import connect
+from mcpfleet.server.dev.fleet import LocalFleet, wait_for
 
 from .conftest import shared
 

@@ -28,10 +28,10 @@ from fleetkit.hotpath import measure_hot_path
 from fleetkit.loadgen import children
 from fleetkit.targets import Figures, target_rows
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
-from mcpfleet.server.codec import ReloadableCodec
-from mcpfleet.server.demo import connect
-from mcpfleet.server.devfleet import LocalFleet, free_port, wait_for
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.dev.demo import connect
+from mcpfleet.server.dev.fleet import LocalFleet, free_port, wait_for
+from mcpfleet.server.keys.codec import ReloadableCodec
+from mcpfleet.server.keys.ring import KeyRing
 
 HEADERS = {
     "content-type": "application/json",
@@ -142,7 +142,7 @@ def middleware_cost(n: int) -> tuple[float, float]:
     from fastmcp import Client, FastMCP
     from prometheus_client import CollectorRegistry
 
-    from mcpfleet.server.metrics import PrometheusMiddleware
+    from mcpfleet.server.replica.middleware import PrometheusMiddleware
 
     def app(with_metrics: bool) -> FastMCP:
         mcp = FastMCP("bench")

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fleetkit.conformance_modern import ModernResult, modern_table, run_modern
-from mcpfleet.server.devfleet import FleetError, LocalFleet
+from mcpfleet.server.dev.fleet import FleetError, LocalFleet
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS_DIR = REPO / "tests"

@@ -1,6 +1,6 @@
 """The control-plane backend of the ``Fleet`` interface: the key ring in a real Secret.
 
-:class:`ControlPlaneFleet` is a :class:`~mcpfleet.server.devfleet.LocalFleet`
+:class:`ControlPlaneFleet` is a :class:`~mcpfleet.server.dev.fleet.LocalFleet`
 (the same redis-server, ``mcpfleet serve`` replica processes and routers on
 127.0.0.1) whose key ring lives where it lives in a cluster: in a Secret,
 created and rotated through a real kube-apiserver. What a kubelet and the
@@ -15,7 +15,7 @@ operator would do around the replicas is played here, through the API:
   Secret. The volume is synced before the replica starts and torn down when
   the replica is killed, has drained, or the fleet stops;
 - :meth:`ControlPlaneFleet.rotate_step` reads the Secret, applies one
-  :class:`~mcpfleet.server.keyring.KeyRing` step and writes it back with an
+  :class:`~mcpfleet.server.keys.ring.KeyRing` step and writes it back with an
   update carrying the resourceVersion it read, through the operator's own
   Secret code (:mod:`mcpfleet.operator.secretring`), as a ServiceAccount
   allowed only ``get``/``update`` on it;
@@ -44,11 +44,11 @@ from fleetkit.controlplane import LOOPBACK, ControlPlane, make_pod_ready
 from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from mcpfleet.operator import secretring
-from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_LABEL
-from mcpfleet.server.devfleet import FleetError, LocalFleet, Proc, Replica
-from mcpfleet.server.keydir import read_ring
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, Replica
+from mcpfleet.server.keys.files import read_ring
+from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.replica.appload import DEFAULT_APP
 
 #: The component label value of replica Pods.
 SERVER_COMPONENT = "server"

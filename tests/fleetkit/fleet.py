@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.devfleet import LocalFleet
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.replica.appload import DEFAULT_APP
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 

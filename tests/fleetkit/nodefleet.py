@@ -52,9 +52,9 @@ from mcpfleet.server.contract import (
     KEYRING_LABEL,
     KEYRING_NUDGE_ANNOTATION,
 )
-from mcpfleet.server.devfleet import FleetError, LocalFleet, Proc
-from mcpfleet.server.devfleet import wait_for as fleet_wait
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc
+from mcpfleet.server.dev.fleet import wait_for as fleet_wait
+from mcpfleet.server.keys.ring import KeyRing
 
 SERVER_COMPONENT = "server"
 KEYS_MOUNT = "/etc/mcpfleet/keys"

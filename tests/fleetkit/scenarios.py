@@ -11,7 +11,7 @@ import time
 from collections import Counter
 
 from fleetkit.fleet import Fleet
-from mcpfleet.server.demo import Trace, connect
+from mcpfleet.server.dev.demo import Trace, connect
 
 
 async def modern_rounds_spread(fleet: Fleet) -> None:

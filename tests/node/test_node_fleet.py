@@ -30,7 +30,7 @@ from fleetkit.nodefleet import (
     node_fleet,
 )
 from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION
-from mcpfleet.server.demo import Trace, connect, default_answer
+from mcpfleet.server.dev.demo import Trace, connect, default_answer
 
 from .conftest import NODE_START_TIMEOUT
 

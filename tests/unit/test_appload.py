@@ -11,9 +11,9 @@ from mcp.server.request_state import RequestStateBoundary
 from mcp_types import InputRequiredResult
 
 from mcpfleet.server import Question, ask_then, first_missing
-from mcpfleet.server.appload import TESTED_FASTMCP, check_fastmcp_version, install_codec
-from mcpfleet.server.codec import ReloadableCodec
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.keys.codec import ReloadableCodec
+from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.replica.appload import TESTED_FASTMCP, check_fastmcp_version, install_codec
 
 
 def _app() -> FastMCP[Any]:

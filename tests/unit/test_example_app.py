@@ -8,7 +8,7 @@ import pytest
 from fastmcp import Client
 from mcp_types import ElicitResult
 
-from mcpfleet.server.demo import default_answer
+from mcpfleet.server.dev.demo import default_answer
 from mcpfleet.server.example.app import app
 
 ERAS = ["auto", "legacy"]

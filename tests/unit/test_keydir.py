@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mcpfleet.server.codec import ReloadableCodec
 from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keydir import fingerprint, read_ring, write_ring, write_volume
-from mcpfleet.server.keyring import KeyRing, KeyRingError
-from mcpfleet.server.keywatch import KeyRingWatcher
+from mcpfleet.server.keys.codec import ReloadableCodec
+from mcpfleet.server.keys.files import fingerprint, read_ring, write_ring, write_volume
+from mcpfleet.server.keys.ring import KeyRing, KeyRingError
+from mcpfleet.server.keys.watch import KeyRingWatcher
 
 
 def test_write_ring_lays_out_a_secret_volume(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mcpfleet.server import PrometheusMiddleware
-from mcpfleet.server.demo import default_answer
+from mcpfleet.server.dev.demo import default_answer
 from mcpfleet.server.example.app import app
 
 MODERN, HANDSHAKE = "auto", "legacy"

@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.keydir import write_ring, write_volume
-from mcpfleet.server.keyring import KeyRing
-from mcpfleet.server.replica import Replica, ReplicaConfig, build_asgi
-from mcpfleet.server.replicametrics import REJECTION_REASONS, rejection_label
+from mcpfleet.server.keys.files import write_ring, write_volume
+from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.replica.metrics import REJECTION_REASONS, rejection_label
+from mcpfleet.server.replica.runtime import Replica, ReplicaConfig, build_asgi
 
 URL = "http://testserver/mcp"
 
@@ -167,7 +167,7 @@ def test_no_rejection_counting_outlives_the_replica(replica: Replica) -> None:
 
 
 def test_replicas_of_one_app_object_never_stack_middlewares(tmp_path: Path) -> None:
-    from mcpfleet.server.metrics import PrometheusMiddleware
+    from mcpfleet.server.replica.middleware import PrometheusMiddleware
 
     write_ring(tmp_path / "keys", KeyRing.generate())
     config = ReplicaConfig(keys_dir=tmp_path / "keys")

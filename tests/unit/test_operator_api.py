@@ -20,7 +20,7 @@ from mcpfleet.operator.api import (
 from mcpfleet.operator.metrics import OperatorMetrics
 from mcpfleet.operator.secretring import ring_of
 from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keyring import KeyRing
+from mcpfleet.server.keys.ring import KeyRing
 
 pytestmark = pytest.mark.unit
 

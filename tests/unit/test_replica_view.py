@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from mcpfleet.server import routetable
 from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.routetable import Health, ReplicaView, ViewState, merge_registry
+from mcpfleet.server.router import table as routetable
+from mcpfleet.server.router.table import Health, ReplicaView, ViewState, merge_registry
 
 
 def _att(name: str, heartbeat: float, state: str = "serving") -> Attestation:

@@ -23,11 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpfleet.server.appload import DEFAULT_APP
 from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.keydir import read_ring, write_ring
-from mcpfleet.server.keyring import KeyRing
-from mcpfleet.server.localprom import (
+from mcpfleet.server.dev.localprom import (
     REPLICA_JOB,
     ROUTER_JOB,
     RULES_FILE,
@@ -37,7 +34,10 @@ from mcpfleet.server.localprom import (
     find_prometheus,
     graph_url,
 )
+from mcpfleet.server.keys.files import read_ring, write_ring
+from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.registry import text
+from mcpfleet.server.replica.appload import DEFAULT_APP
 
 
 class FleetError(RuntimeError):

@@ -2,7 +2,7 @@
 
 Which kind of request is this, which replica takes a new session, which takes
 a stateless round, and is a client-supplied session id even well-formed. The
-proxy (:mod:`mcpfleet.server.router`) does the I/O around these.
+proxy (:mod:`mcpfleet.server.router.proxy`) does the I/O around these.
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@
 valid key ring (a replica that cannot unseal other replicas' tokens would fail
 every modern continuation routed to it), then serves under uvicorn with:
 
-* a :class:`~mcpfleet.server.keywatch.KeyRingWatcher` reloading the ring;
+* a :class:`~mcpfleet.server.keys.watch.KeyRingWatcher` reloading the ring;
 * a :class:`~mcpfleet.server.registry.Publisher` attesting the LOADED ring's
   kids, the replica's address, state and load (when Redis is configured);
 * Prometheus metrics on ``/metrics``: the app's rounds (a
-  :class:`~mcpfleet.server.metrics.PrometheusMiddleware`, added unless the app
+  :class:`~mcpfleet.server.replica.middleware.PrometheusMiddleware`, added unless the app
   has one), request state and key ring, sessions and drain state
-  (:mod:`mcpfleet.server.replicametrics`);
+  (:mod:`mcpfleet.server.replica.metrics`);
 * drain on SIGTERM: the replica attests ``draining`` and refuses new work at
   once, serves the sessions it owns until every one is closed (deleted, or idle
   past the session idle time) and nothing is in flight, or the deadline
@@ -33,21 +33,21 @@ import uvicorn
 from prometheus_client import generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcpfleet.server.appload import install_codec, load_app
-from mcpfleet.server.codec import ReloadableCodec
 from mcpfleet.server.config import ReplicaConfig
 from mcpfleet.server.contract import (
     MCP_PATH,
     Attestation,
     RedisKeys,
 )
-from mcpfleet.server.gate import GateState, ReplicaGate
-from mcpfleet.server.keydir import read_ring
-from mcpfleet.server.keyring import KeyRing
-from mcpfleet.server.keywatch import KeyRingWatcher
-from mcpfleet.server.metrics import PrometheusMiddleware
+from mcpfleet.server.keys.codec import ReloadableCodec
+from mcpfleet.server.keys.files import read_ring
+from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.keys.watch import KeyRingWatcher
 from mcpfleet.server.registry import Publisher, connect, redact_url
-from mcpfleet.server.replicametrics import ReplicaMetrics
+from mcpfleet.server.replica.appload import install_codec, load_app
+from mcpfleet.server.replica.gate import GateState, ReplicaGate
+from mcpfleet.server.replica.metrics import ReplicaMetrics
+from mcpfleet.server.replica.middleware import PrometheusMiddleware
 
 log = logging.getLogger("mcpfleet.replica")
 

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from mcpfleet.server.contract import Attestation, RedisKeys
 from mcpfleet.server.registry import read_replicas
-from mcpfleet.server.routing import Candidate
+from mcpfleet.server.router.decisions import Candidate
 
 log = logging.getLogger("mcpfleet.router")
 

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mcpfleet.server.devfleet import LocalFleet, Proc, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, Proc, wait_for
 
 #: First and longest wait before restarting something that exited.
 BACKOFF_FIRST = 0.5

@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from mcpfleet.server.codec import ReloadableCodec
-from mcpfleet.server.keydir import fingerprint, read_snapshot
-from mcpfleet.server.keyring import KeyRing, KeyRingError
+from mcpfleet.server.keys.codec import ReloadableCodec
+from mcpfleet.server.keys.files import fingerprint, read_snapshot
+from mcpfleet.server.keys.ring import KeyRing, KeyRingError
 
 log = logging.getLogger("mcpfleet.keyring")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keyring import MAX_DOCUMENT_BYTES, KeyRing, KeyRingError
+from mcpfleet.server.keys.ring import MAX_DOCUMENT_BYTES, KeyRing, KeyRingError
 
 DATA_LINK = "..data"
 

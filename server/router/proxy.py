@@ -1,6 +1,6 @@
 """The sticky router: an ASGI reverse proxy in front of the replicas.
 
-Per request (see :mod:`mcpfleet.server.routing` for the pure decisions):
+Per request (see :mod:`mcpfleet.server.router.decisions` for the pure decisions):
 
 * ``Mcp-Session-Id`` present: to the session's owner (cache, then Redis). An
   owner that is gone, unknown, or refuses the connection gets the spec's 404
@@ -39,9 +39,7 @@ from mcpfleet.server.contract import (
     RedisKeys,
 )
 from mcpfleet.server.registry import connect, redact_url
-from mcpfleet.server.routermetrics import RouterMetrics
-from mcpfleet.server.routetable import Health, ReplicaView, SessionTable
-from mcpfleet.server.routing import (
+from mcpfleet.server.router.decisions import (
     OriginPolicy,
     RouteKind,
     classify,
@@ -52,6 +50,8 @@ from mcpfleet.server.routing import (
     session_ids,
     valid_session_id,
 )
+from mcpfleet.server.router.metrics import RouterMetrics
+from mcpfleet.server.router.table import Health, ReplicaView, SessionTable
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -654,7 +654,7 @@ def _outcome(result: int | Failure) -> Outcome | Failure:
 def run_router(config: RouterConfig) -> None:
     import uvicorn
 
-    from mcpfleet.server.routerhttp import bounded_protocol
+    from mcpfleet.server.router.http import bounded_protocol
 
     # uvicorn re-raises the SIGINT it handled; by then we are done.
     with contextlib.suppress(KeyboardInterrupt):
