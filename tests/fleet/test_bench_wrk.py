@@ -17,7 +17,7 @@ import pytest
 
 from fleetkit.fleet import local_fleet
 from fleetkit.loadgen import run_wrk
-from mcpfleet.server.devfleet import LocalFleet
+from mcpfleet.server.dev.fleet import LocalFleet
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from fleetkit.loadgen import WrkResult, run_wrk
 from fleetkit.targets import Figures
 from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.server.contract import RedisKeys
-from mcpfleet.server.devfleet import LocalFleet
+from mcpfleet.server.dev.fleet import LocalFleet
 
 Row = tuple[str, str, str, str]
 HANDSHAKE = "2025-11-25"
