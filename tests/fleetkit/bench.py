@@ -26,6 +26,7 @@ import httpx
 
 from fleetkit.hotpath import measure_hot_path
 from fleetkit.loadgen import children
+from fleetkit.profilebench import router_cpu_rows
 from fleetkit.targets import Figures, target_rows
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
 from mcpfleet.server.dev.demo import connect
@@ -349,6 +350,7 @@ async def measure(quick: bool, results: Figures, scale_only: bool = False) -> li
         )
         results.hot = hot
         rows += hot.rows()
+        rows += await asyncio.to_thread(router_cpu_rows, lf, quick)
         shares = await spread(lf.url, 90)
         rows.append(
             (
