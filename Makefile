@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Debian packages the fleet needs (redis-server, prometheus): installed if missing.
+# Debian packages the fleet needs (redis-server, redis-sentinel, prometheus): installed if missing.
 deps:
 	bash hack/ensure-debs.sh
 

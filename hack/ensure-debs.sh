@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the fleet and its tests start for real
-# (redis-server, prometheus/promtool), only where they are missing.
+# (redis-server, redis-sentinel, prometheus/promtool), only where they are missing.
 # Extra package names may be given, and three groups by name:
 #   bench  what `make bench` starts besides the fleet (nginx, the baseline
 #          proxy; wrk, the compiled load generator for the hot-path figures);
@@ -11,6 +11,7 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
 command -v promtool >/dev/null || need+=(prometheus)
 for pkg in "$@"; do
   case "$pkg" in

@@ -38,11 +38,13 @@ def add_parsers(sub: Any) -> None:
         help="watch this namespace (repeat for more; default: $POD_NAMESPACE)",
     )
     where.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    o.add_argument(
-        "--redis",
-        default=os.environ.get("MCPFLEET_REDIS_URL", ""),
-        help="Redis URL to read attestations from (default: $MCPFLEET_REDIS_URL); "
-        "a read-only account is enough",
+    from mcpfleet.server import redisconn
+
+    redisconn.add_flags(
+        o,
+        url_help="Redis to read attestations from (a read-only account is enough)",
+        default="",
+        env_note=" (default: $MCPFLEET_REDIS_URL)",
     )
     o.add_argument("--metrics-host", default="0.0.0.0")
     o.add_argument("--metrics-port", type=int, default=9090)
@@ -127,13 +129,21 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from mcpfleet.operator import handlers  # registers the handlers with kopf
-    from mcpfleet.server.registry import redact_url
+    from mcpfleet.server import redisconn
 
+    source: redisconn.Source = "argument"
+    if not args.redis:
+        args.redis, source = os.environ.get("MCPFLEET_REDIS_URL", ""), "environment"
     if not args.redis:
         print(
             "mcpfleet operator: error: --redis (or $MCPFLEET_REDIS_URL) is required",
             file=sys.stderr,
         )
+        return EXIT_USAGE
+    try:
+        redis_settings = redisconn.from_args(args, source=source)
+    except redisconn.RedisConfigError as exc:
+        print(f"mcpfleet operator: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     namespaces = list(args.namespace)
     if not namespaces and not args.all_namespaces:
@@ -157,7 +167,7 @@ def run_operator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    runtime = handlers.Runtime(api=api, redis_url=args.redis, stall_after=args.stall_after)
+    runtime = handlers.Runtime(api=api, redis_settings=redis_settings, stall_after=args.stall_after)
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = args.peering_lifetime
@@ -165,7 +175,7 @@ def run_operator(args: argparse.Namespace) -> int:
     log.info(
         "operator starting: %s, redis %s, peering %s (priority %d), metrics :%d, health :%d",
         "all namespaces" if args.all_namespaces else f"namespaces {', '.join(namespaces)}",
-        redact_url(args.redis),
+        redis_settings.redacted,
         "off" if args.standalone else args.peering,
         priority,
         args.metrics_port,

@@ -62,6 +62,7 @@ from mcpfleet.operator.rotation import (
 )
 from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION, RedisKeys
 from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.redisconn import RedisSettings, sync_client
 from mcpfleet.server.registry import read_replicas_sync
 
 log = logging.getLogger("mcpfleet.operator")
@@ -92,10 +93,10 @@ class Runtime:
     """
 
     api: k8s.ApiClient
-    redis_url: str
+    redis_settings: RedisSettings
     stall_after: float = 120.0
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    _redis: redis.Redis | None = None
+    _redis_client: redis.Redis | None = None
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _clocks: dict[str, _Clock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
@@ -109,13 +110,11 @@ class Runtime:
         return k8s.CustomObjectsApi(self.api)
 
     @property
-    def redis(self) -> redis.Redis:
+    def redis_client(self) -> redis.Redis:
         with self._guard:
-            if self._redis is None:
-                self._redis = redis.Redis.from_url(
-                    self.redis_url, socket_timeout=2, socket_connect_timeout=2
-                )
-            return self._redis
+            if self._redis_client is None:
+                self._redis_client = sync_client(self.redis_settings, timeout=2)
+            return self._redis_client
 
     def lock(self, namespace: str, keyring: str) -> threading.Lock:
         """One decision at a time per KeyRing within this process."""
@@ -216,7 +215,7 @@ def _views(pods: Iterable[k8s.V1Pod]) -> list[PodView]:
 
 
 def _attested(rt: Runtime, fleet: str) -> dict[str, tuple[str, ...]]:
-    return {n: a.kids for n, a in read_replicas_sync(rt.redis, RedisKeys(fleet)).items()}
+    return {n: a.kids for n, a in read_replicas_sync(rt.redis_client, RedisKeys(fleet)).items()}
 
 
 def _nudge(rt: Runtime, pods: Iterable[k8s.V1Pod], version: str, only: Iterable[str] = ()) -> None:

@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mcpfleet.server import __version__
+from mcpfleet.server import __version__, redisconn
 from mcpfleet.server.config import DEFAULT_APP, ReplicaConfig, RouterConfig
 from mcpfleet.server.contract import check_fleet_name
+from mcpfleet.server.redisconn import RedisFiles, RedisSettings
 from mcpfleet.server.replica.appload import AppLoadError
 
 log = logging.getLogger("mcpfleet")
@@ -47,6 +48,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _fleet(text: str) -> str:
     try:
         return check_fleet_name(text)
@@ -54,12 +62,14 @@ def _fleet(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _redis_url(text: str) -> str:
-    if not text.startswith(("redis://", "rediss://", "unix://")):
-        raise argparse.ArgumentTypeError(
-            f"a Redis URL starts with redis://, rediss:// or unix://: {text!r}"
-        )
-    return text
+def _redis(args: argparse.Namespace) -> RedisSettings | None:
+    """The checked Redis settings of ``serve``/``router``; a UsageError names what to fix."""
+    if not args.redis:
+        return None
+    try:
+        return redisconn.from_args(args)
+    except redisconn.RedisConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default=rep.host)
     s.add_argument("--port", type=_port, default=rep.port)
     s.add_argument("--keys", type=Path, required=True, help="key ring directory (a Secret volume)")
-    s.add_argument("--redis", type=_redis_url, help="Redis URL for the registry (omit: standalone)")
+    redisconn.add_flags(s, url_help="Redis for the registry (omit: standalone)")
     s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
     s.add_argument("--advertise", default="", help="URL other components reach this replica at")
     s.add_argument("--fleet", type=_fleet, default=rep.fleet)
@@ -104,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host)
     r.add_argument("--port", type=_port, default=rtr.port)
-    r.add_argument("--redis", type=_redis_url, required=True)
+    redisconn.add_flags(r, url_help="Redis for the routing table", required=True)
     r.add_argument("--fleet", type=_fleet, default=rtr.fleet)
     r.add_argument(
         "--session-ttl",
@@ -117,7 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-header-bytes", type=int, default=rtr.max_header_bytes)
     r.add_argument("--header-timeout", type=_positive, default=rtr.header_timeout)
     r.add_argument("--body-timeout", type=_positive, default=rtr.body_timeout)
-    r.add_argument("--max-connections", type=int, default=rtr.max_connections)
+    r.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=rtr.max_connections,
+        help="open client connections at once; past it, a JSON-RPC 503 at once "
+        f"(default {rtr.max_connections})",
+    )
     r.add_argument(
         "--allowed-host",
         action="append",
@@ -180,6 +196,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
 
     from mcpfleet.server.dev.fleet import FleetError, LocalFleet, start_monitoring
     from mcpfleet.server.dev.supervisor import Supervisor
+    from mcpfleet.server.dev.wait import WaitTimeout
 
     if replicas < 1:
         raise UsageError("--replicas must be at least 1")
@@ -216,7 +233,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         fleet.start()
-    except FleetError as exc:
+    except (FleetError, WaitTimeout) as exc:
         fleet.stop()
         for name, tail in fleet.logs():
             print(f"--- {name} ---\n{tail}", file=sys.stderr)
@@ -250,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         if args.command == "serve":
+            redis = _redis(args)
             from mcpfleet.server.keys.ring import KeyRingError
             from mcpfleet.server.replica.runtime import run_replica
 
@@ -262,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         port=args.port,
                         name=args.name,
                         advertise=args.advertise,
-                        redis_url=args.redis,
+                        redis_url=redis.url if redis else None,
+                        redis_files=redis.files if redis else RedisFiles(),
                         fleet=args.fleet,
                         audience=args.audience,
                         state_ttl=args.state_ttl,
@@ -278,11 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyRingError as exc:
                 raise UsageError(f"no valid key ring: {exc}") from None
         elif args.command == "router":
+            router_redis = _redis(args)
+            assert router_redis is not None  # --redis is required
             from mcpfleet.server.router.proxy import run_router
 
             run_router(
                 RouterConfig(
-                    redis_url=args.redis,
+                    redis_url=router_redis.url,
+                    redis_files=router_redis.files,
                     host=args.host,
                     port=args.port,
                     fleet=args.fleet,

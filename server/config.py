@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcpfleet.server.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
+from mcpfleet.server.redisconn import RedisFiles
 
 #: The app ``mcpfleet serve`` runs when no ``--app`` is given.
 DEFAULT_APP = "mcpfleet.server.example.app:app"
@@ -33,6 +34,8 @@ class ReplicaConfig:
     name: str = ""
     advertise: str = ""
     redis_url: str | None = None
+    #: The password and TLS files (mcpfleet.server.redisconn): paths, never contents.
+    redis_files: RedisFiles = field(default_factory=RedisFiles)
     fleet: str = DEFAULT_FLEET
     audience: str = ""
     state_ttl: float = 600.0
@@ -68,6 +71,7 @@ class ReplicaConfig:
 @dataclass
 class RouterConfig:
     redis_url: str
+    redis_files: RedisFiles = field(default_factory=RedisFiles)
     host: str = "127.0.0.1"
     port: int = 8000
     fleet: str = DEFAULT_FLEET

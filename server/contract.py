@@ -86,6 +86,51 @@ class RedisKeys:
         """The owner (replica name) of one handshake-era session."""
         return f"{self.prefix}:session:{session_id}"
 
+    def acl_rules(self, component: RedisComponent) -> list[str]:
+        """The Redis ACL rules ``component`` needs in this fleet, and nothing more.
+
+        For ``ACL SETUSER <user> on <password> <rules...>`` or a line of an
+        ACL file. Each starts from nothing (``resetkeys``, ``resetchannels``,
+        ``-@all``), then allows the keys and the commands the component
+        really sends (every command below is sent by the code named beside
+        it; a test runs each component under exactly these rules and checks
+        ``ACL LOG`` stays empty):
+
+        * ``replica`` (:class:`mcpfleet.server.registry.Publisher`): its
+          attestation record and the registry set. The record's pattern covers
+          every replica of the fleet, since pod names are not known in advance;
+          pruning dead names (EXISTS on their records, SREM) needs that too.
+        * ``router`` (:mod:`mcpfleet.server.routetable`): the session keys,
+          read and write; the registry, read only.
+        * ``operator`` (:mod:`mcpfleet.operator.handlers`): the registry and
+          the attestations, read only.
+
+        PING is the client's health check; SELECT lets a URL name a database.
+        AUTH and HELLO need no rule.
+        """
+        records, registry = f"{self.prefix}:replica:*", self.replicas
+        base = ["resetkeys", "resetchannels", "-@all", "+ping", "+select"]
+        if component == "replica":
+            keys = [f"~{registry}", f"~{records}"]
+            # publish: MULTI, SET (PX), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
+            # withdraw at exit: DEL, SREM.
+            commands = ["multi", "exec", "set", "sadd", "smembers", "exists", "srem", "del"]
+        elif component == "router":
+            keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
+            # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL.
+            commands = ["smembers", "mget", "get", "set", "pexpire", "del"]
+        elif component == "operator":
+            keys = [f"%R~{registry}", f"%R~{records}"]
+            commands = ["smembers", "mget"]
+        else:
+            raise ValueError(f"component must be one of {REDIS_COMPONENTS}, got {component!r}")
+        return [*base, *keys, *(f"+{c}" for c in commands)]
+
+
+#: The components that connect to Redis, each under its own ACL user.
+RedisComponent = Literal["replica", "router", "operator"]
+REDIS_COMPONENTS: tuple[RedisComponent, ...] = ("replica", "router", "operator")
+
 
 # --- Attestation ------------------------------------------------------------------
 

@@ -22,7 +22,11 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from mcpfleet.server import redisconn
 from mcpfleet.server.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
+from mcpfleet.server.redisconn import RedisFiles, describe, redact_url
+
+__all__ = ["connect", "redact_url"]
 
 log = logging.getLogger("mcpfleet.registry")
 
@@ -30,25 +34,14 @@ log = logging.getLogger("mcpfleet.registry")
 REDIS_TIMEOUT = 0.5
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A Redis client with short timeouts: an outage is seen at once, never waited out."""
-    return aioredis.Redis.from_url(
-        url,
-        socket_timeout=REDIS_TIMEOUT,
-        socket_connect_timeout=REDIS_TIMEOUT,
-        health_check_interval=5,
-        decode_responses=False,
+def connect(url: str, files: RedisFiles | None = None) -> aioredis.Redis:
+    """A Redis client with short timeouts: an outage is seen at once, never waited out.
+
+    Built by :mod:`mcpfleet.server.redisconn` (Sentinel, TLS, password files).
+    """
+    return redisconn.async_client(
+        redisconn.settings(url, files), timeout=REDIS_TIMEOUT, health_check_interval=5
     )
-
-
-def redact_url(url: str) -> str:
-    """A Redis URL for logs: any password replaced."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
 
 
 def text(value: bytes | str) -> str:
@@ -158,7 +151,7 @@ class Publisher:
                     log.error(
                         "cannot reach Redis %s (%s); serving on, retrying every %.1fs",
                         self.redis_label,
-                        type(exc).__name__,
+                        describe(exc),
                         self.interval,
                     )
                 self.healthy = False

@@ -126,7 +126,7 @@ class Replica:
         tasks = [asyncio.create_task(self.watcher.run(), name="keyring-watch")]
         client = None
         if self.config.redis_url:
-            client = connect(self.config.redis_url)
+            client = connect(self.config.redis_url, self.config.redis_files)
             self.publisher = Publisher(
                 client,
                 RedisKeys(self.config.fleet),

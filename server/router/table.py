@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from mcpfleet.server.contract import Attestation, RedisKeys
+from mcpfleet.server.redisconn import describe
 from mcpfleet.server.registry import read_replicas
 from mcpfleet.server.router.decisions import Candidate
 
@@ -46,7 +47,7 @@ class Health:
             log.error(
                 "Redis unreachable (%s): degraded, routing from cache and the last known "
                 "replica set",
-                type(exc).__name__,
+                describe(exc),
             )
             self.degraded, self.since = True, time.monotonic()
         self.reason = type(exc).__name__

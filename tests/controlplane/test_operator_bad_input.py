@@ -303,22 +303,43 @@ def test_the_chart_renders_cluster_wide_rbac_and_peering_on_request(
 def test_the_operator_reads_attestations_with_a_read_only_redis_account(
     env: OperatorEnv,
 ) -> None:
-    """Reads are reads: the operator's account may not write, and it needs not."""
-    reader = redis.Redis.from_url(env.operator.redis_url, socket_timeout=5)
+    """Reads are reads: the operator's ACL user may not write, and it needs not.
+
+    The operator runs as an ACL user with exactly ``acl_rules("operator")``,
+    its password in a file: nothing secret in its URL, environment or argv, no
+    command of it denied (``ACL LOG``), a write and another fleet refused.
+    """
     keys = RedisKeys(env.fleet.fleet)
+    assert env.operator.redis_password_file is not None
+    password = env.operator.redis_password_file.read_text().strip()
+    reader = redis.Redis(
+        host="127.0.0.1",
+        port=env.fleet.redis_port,
+        username=READER,
+        password=password,
+        socket_timeout=5,
+    )
+    admin = redis.Redis(host="127.0.0.1", port=env.fleet.redis_port, socket_timeout=5)
     try:
+        admin.execute_command("ACL", "LOG", "RESET")
         reader.ping()
         assert read_replicas_sync(reader, keys) == {}
         with pytest.raises(NoPermissionError):
             reader.sadd(keys.replicas, "intruder")
+        with pytest.raises(NoPermissionError):
+            reader.smembers(RedisKeys("other").replicas)
+        admin.execute_command("ACL", "LOG", "RESET")
+        assert env.operator.redis_url == f"redis://{READER}@127.0.0.1:{env.fleet.redis_port}/0"
+        assert password not in " ".join(env.operator.argv())
+        # The operator ran its ticks with that account: it read the (empty) registry.
+        env.resources.create(KEYRINGS, _ring(env, "read-only"))
+        status = env.resources.wait_keyring("read-only", "Degraded")
+        assert status["message"] == "the selector matches no serving Pod", "not a Redis error"
+        denied = admin.execute_command("ACL", "LOG")
+        assert denied == [], f"the operator sent a command outside its rules: {denied}"
     finally:
         reader.close()
-    assert env.operator.redis_url.startswith(f"redis://{READER}:")
-    assert env.operator.redis_url.split("@")[0] not in " ".join(env.operator.argv())
-    # The operator ran its ticks with that account: it read the (empty) registry.
-    env.resources.create(KEYRINGS, _ring(env, "read-only"))
-    status = env.resources.wait_keyring("read-only", "Degraded")
-    assert status["message"] == "the selector matches no serving Pod", "not a Redis error"
+        admin.close()
 
 
 def test_the_operator_refuses_to_start_paused_forever_without_its_peering_object(

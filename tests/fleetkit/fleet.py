@@ -123,7 +123,12 @@ def diagnostics(fleet: LocalFleet) -> str:
     try:
         import redis
 
-        client = redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
+        admin = getattr(fleet, "admin", None)  # a Redis with ACL users (fleetkit.redisrig)
+        client = (
+            admin()
+            if admin is not None
+            else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
+        )
         keys = RedisKeys(fleet.fleet)
         names = sorted(k.decode() for k in client.scan_iter(f"{keys.prefix}:*", count=1000))
         out.append(f"--- redis keys ({len(names)}) ---")

@@ -128,6 +128,8 @@ class OperatorProcess:
     namespace: str
     redis_url: str
     log: Path
+    #: The Redis password, in a file (never in the URL, the environment or argv).
+    redis_password_file: Path | None = None
     priority: int = 100
     stall_after: float = 120.0
     peering_lifetime: int = 3
@@ -160,6 +162,11 @@ class OperatorProcess:
             str(self.peering_lifetime),
             "--stall-after",
             str(self.stall_after),
+            *(
+                ["--redis-password-file", str(self.redis_password_file)]
+                if self.redis_password_file
+                else []
+            ),
         ]
 
     def start(self, wait: float = 60.0) -> OperatorProcess:
@@ -375,8 +382,10 @@ class OperatorEnv:
     kubeconfig: Path
     workdir: Path
     stall_after: float
-    #: What the operator reads attestations with: a read-only Redis account.
+    #: What the operator reads attestations with: a read-only Redis account
+    #: under ``RedisKeys(fleet).acl_rules("operator")``, its password in a file.
     redis_url: str = ""
+    redis_password_file: Path | None = None
     operators: list[OperatorProcess] = field(default_factory=list)
     rendered: list[dict[str, Any]] = field(default_factory=list)
     _starts: int = 0
@@ -402,6 +411,7 @@ class OperatorEnv:
             kubeconfig=self.kubeconfig,
             namespace=self.namespace,
             redis_url=self.redis_url or self.fleet.redis_url,
+            redis_password_file=self.redis_password_file if self.redis_url else None,
             log=self.workdir / f"operator-{self._starts}.log",
             priority=priority if priority is not None else self.next_priority(),
             stall_after=self.stall_after,
@@ -452,11 +462,12 @@ def operator_env(
         replica_args=("--state-ttl", str(state_ttl)),
         fleet=fleet,
     ) as cf:
-        redis_url = read_only_redis_account(cf.redis_port)
+        redis_url, password_file = read_only_redis_account(cf.redis_port, fleet, workdir)
         env = OperatorEnv(
             plane=plane,
             fleet=cf,
             redis_url=redis_url,
+            redis_password_file=password_file,
             resources=Resources(admin, namespace),
             kubeconfig=kubeconfig,
             workdir=workdir,
@@ -475,23 +486,28 @@ def operator_env(
 READER = "mcpfleet-operator"
 
 
-def read_only_redis_account(port: int) -> str:
-    """Create a Redis ACL user that may only read mcpfleet's keys; return its URL.
+def read_only_redis_account(port: int, fleet: str, workdir: Path) -> tuple[str, Path]:
+    """Create the operator's Redis ACL user for ``fleet``; return its URL and password file.
 
-    The operator runs with it, so any write it attempted (a "read" that
-    prunes, say) would fail loudly. The password is a throwaway and travels
-    in the environment, never in process arguments.
+    The user has exactly ``RedisKeys(fleet).acl_rules("operator")`` (read-only:
+    any write it attempted, a "read" that prunes say, would fail loudly). The
+    password is a throwaway in a 0600 file, as a Secret volume would hold it:
+    the URL names only the user.
     """
     password = secrets.token_hex(16)
+    workdir.mkdir(parents=True, exist_ok=True)
+    password_file = workdir / "redis-operator-password"
+    password_file.touch(mode=0o600)
+    password_file.write_text(password + "\n")
     admin = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
     try:
         admin.execute_command(
             "ACL", "SETUSER", READER, "reset", "on", f">{password}",
-            "~mcpfleet:*", "+@read", "+@connection", "-@write", "-@admin", "-@dangerous",
+            *RedisKeys(fleet).acl_rules("operator"),
         )  # fmt: skip
     finally:
         admin.close()
-    return f"redis://{READER}:{password}@127.0.0.1:{port}/0"
+    return f"redis://{READER}@127.0.0.1:{port}/0", password_file
 
 
 def ring_body_for(env: OperatorEnv, name: str, **kw: Any) -> dict[str, Any]:

@@ -31,8 +31,8 @@ NOW, BEFORE = "router now", "router before (pump for every body)"
 
 _BEFORE_LAUNCHER = (
     "import sys\n"
-    "import mcpfleet.server.router.proxy as proxy\n"
-    "proxy.WHOLE_BODY_LIMIT = -1  # every body through the pump, as before the change\n"
+    "import mcpfleet.server.router.upstream as upstream\n"
+    "upstream.WHOLE_BODY_LIMIT = -1  # every body through the pump, as before the change\n"
     "from mcpfleet.server.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )

@@ -1,0 +1,605 @@
+"""How every mcpfleet component connects to Redis: URLs, secrets from files, TLS, Sentinel.
+
+The replica, the router and the operator accept the same things and build
+their clients here, nowhere else:
+
+* a URL: ``redis://``, ``rediss://`` (TLS), ``unix://`` or
+  ``redis+sentinel://[[user]:password@]host:port[,host:port...]/<master>[/<db>]``
+  (``rediss+sentinel://`` for Sentinel with TLS); a user name may be in it
+  (``redis://replica@redis:6379/0``: an ACL user);
+* the password from a file (``--redis-password-file``), re-read at every new
+  connection, so a rotated Secret needs no restart;
+* TLS files: the CA that signed the server's certificate, and optionally a
+  client certificate and its key.
+
+Secrets never travel in process arguments or environment variables: a URL
+given on the command line (or in ``$MCPFLEET_REDIS_URL``) that carries a
+password is refused, with a pointer to the password file flag. A URL read
+from a file (``--redis @FILE``) may carry one. Only :func:`redact_url`
+output is ever logged; file contents never are.
+
+For Sentinel, the credentials in the URL (or the password file) are the
+master's; the sentinels are asked without credentials, over TLS when the
+URL is ``rediss+sentinel://``. redis-py's Sentinel pools ask the sentinels for the
+master at every new connection and drop connections to a demoted one, which
+is all following a failover takes: the components' usual Redis-down path
+(retry, degrade, write back) covers the seconds in between.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
+
+if TYPE_CHECKING:  # redis itself is imported when a client is built: config stays light
+    import redis
+    import redis.asyncio as aioredis
+
+#: Every scheme a Redis URL may have.
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+DEFAULT_PORT = 6379
+DEFAULT_SENTINEL_PORT = 26379
+#: The flag a password belongs in, named by every refusal.
+PASSWORD_FILE_FLAG = "--redis-password-file"
+
+Source = Literal["argument", "environment", "file", "library"]
+
+
+class RedisConfigError(ValueError):
+    """A Redis URL or file the user must fix; the message is one clear line, never a secret."""
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """A parsed Redis URL. ``password`` is kept out of ``repr``."""
+
+    scheme: str
+    hosts: tuple[tuple[str, int], ...] = ()
+    path: str = ""
+    master: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme.startswith("rediss")
+
+    @property
+    def sentinel(self) -> bool:
+        return self.scheme.endswith("+sentinel")
+
+
+def redact_url(url: str) -> str:
+    """A Redis URL for logs: any password replaced by ``***``, the user name kept."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    if "@" not in authority:
+        return url
+    creds, _, hosts = authority.rpartition("@")
+    user, colon, _ = creds.partition(":")
+    if not colon:
+        return url  # a user name alone ("redis://replica@host"): nothing secret
+    shown = f"{user}:***" if user else ":***"
+    return f"{scheme}://{shown}@{hosts}{slash}{tail}"
+
+
+def _split_creds(creds: str) -> tuple[str | None, str | None]:
+    """``user:pw``, ``:pw``, ``user:`` or ``user`` (a user name alone: the password comes
+    from a file)."""
+    if not creds:
+        return None, None
+    user, colon, password = creds.partition(":")
+    return (unquote(user) or None), (unquote(password) if colon and password else None)
+
+
+def _host_port(text: str, default: int, url: str) -> tuple[str, int]:
+    if text.startswith("["):  # [::1]:6379
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = text.rpartition(":") if ":" in text else (text, "", "")
+    if not host:
+        raise RedisConfigError(f"no host in Redis URL {redact_url(url)}")
+    try:
+        port = int(port_text) if port_text else default
+    except ValueError:
+        raise RedisConfigError(f"bad port {port_text!r} in Redis URL {redact_url(url)}") from None
+    if not 0 < port < 65536:
+        raise RedisConfigError(f"bad port {port} in Redis URL {redact_url(url)}")
+    return host, port
+
+
+def _db(text: str, url: str) -> int:
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise RedisConfigError(f"the database in {redact_url(url)} must be a number, got {text!r}")
+    return int(text)
+
+
+def parse_url(url: str) -> RedisURL:
+    """Parse any URL a component accepts; raise :class:`RedisConfigError` if it is not one."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise RedisConfigError(
+            "a Redis URL starts with redis://, rediss://, unix:// or redis+sentinel://, "
+            f"got {redact_url(url)!r}"
+        )
+    scheme = scheme.lower()
+    rest, _, query = rest.partition("?")
+    if scheme == "unix":
+        creds, _, path = rest.rpartition("@") if "@" in rest else ("", "", rest)
+        user, password = _split_creds(creds)
+        if not path.startswith("/"):
+            raise RedisConfigError(
+                f"a unix:// URL names an absolute socket path, got {redact_url(url)!r}"
+            )
+        db = 0
+        for item in filter(None, query.split("&")):
+            name, _, value = item.partition("=")
+            if name == "db":
+                db = _db(value, url)
+        return RedisURL(scheme, path=path, db=db, username=user, password=password)
+    authority, _, path = rest.partition("/")
+    creds, _, hosts_text = authority.rpartition("@")
+    user, password = _split_creds(creds)
+    if creds and ":" not in creds:
+        # redis-py would read a lone word before "@" as a password; here it is a user
+        # name (the ACL user), so the rule is the same with or without a password file.
+        user, password = unquote(creds), None
+    parts = [p for p in path.split("/") if p]
+    if scheme.endswith("+sentinel"):
+        if not hosts_text:
+            raise RedisConfigError(f"no sentinel host in {redact_url(url)}")
+        hosts = tuple(_host_port(h, DEFAULT_SENTINEL_PORT, url) for h in hosts_text.split(",") if h)
+        if not parts:
+            raise RedisConfigError(
+                f"a redis+sentinel:// URL names the master after the hosts "
+                f"(redis+sentinel://host:26379/mymaster[/db]), got {redact_url(url)!r}"
+            )
+        if len(parts) > 2:
+            raise RedisConfigError(f"too many path parts in {redact_url(url)}")
+        return RedisURL(
+            scheme,
+            hosts=hosts,
+            master=unquote(parts[0]),
+            db=_db(parts[1] if len(parts) > 1 else "", url),
+            username=user,
+            password=password,
+        )
+    if "," in hosts_text:
+        raise RedisConfigError(f"several hosts need redis+sentinel://, got {redact_url(url)!r}")
+    if len(parts) > 1:
+        raise RedisConfigError(f"too many path parts in {redact_url(url)}")
+    host = _host_port(hosts_text, DEFAULT_PORT, url)
+    return RedisURL(
+        scheme,
+        hosts=(host,),
+        db=_db(parts[0] if parts else "", url),
+        username=user,
+        password=password,
+    )
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_secret_file(path: Path, what: str) -> str:
+    """A secret's text (one trailing newline dropped); a clear error, never the content."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RedisConfigError(f"{what} {path} does not exist") from None
+    except PermissionError:
+        raise RedisConfigError(f"{what} {path} is not readable (permission denied)") from None
+    except IsADirectoryError:
+        raise RedisConfigError(f"{what} {path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RedisConfigError(f"{what} {path} cannot be read: {type(exc).__name__}") from None
+    value = raw[:-1] if raw.endswith("\n") else raw
+    value = value[:-1] if value.endswith("\r") else value
+    if not value.strip():
+        raise RedisConfigError(f"{what} {path} is empty")
+    if "\n" in value:
+        raise RedisConfigError(f"{what} {path} has more than one line")
+    return value
+
+
+class FilePassword:
+    """The URL's user name with a password read from a file at every new connection.
+
+    A Secret volume swaps the file when the Redis password rotates; the next
+    connection picks it up, with no restart. (redis-py's credential provider
+    protocol: ``get_credentials`` and its async twin.)
+    """
+
+    def __init__(self, username: str | None, path: Path) -> None:
+        self.username = username
+        self.path = path
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        from redis.exceptions import AuthenticationError
+
+        try:
+            password = read_secret_file(self.path, "Redis password file")
+        except RedisConfigError as exc:
+            # A RedisError: the components' Redis-down path (retry, degrade) takes it.
+            raise AuthenticationError(str(exc)) from None
+        return (self.username, password) if self.username else (password,)
+
+    async def get_credentials_async(self) -> tuple[str] | tuple[str, str]:
+        return self.get_credentials()
+
+
+@dataclass(frozen=True)
+class RedisFiles:
+    """The file flags: ``--redis-password-file``, ``--redis-ca-file``, ``--redis-cert-file``,
+    ``--redis-key-file``."""
+
+    password_file: Path | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @property
+    def any_tls(self) -> bool:
+        return any((self.ca_file, self.cert_file, self.key_file))
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """A checked URL and its files: everything needed to build a client.
+
+    Build it with :func:`settings`, which refuses what cannot work (a bad URL, a
+    missing file, a password where it would leak) before anything connects.
+    """
+
+    url: str = field(repr=False)
+    parsed: RedisURL
+    files: RedisFiles = field(default_factory=RedisFiles)
+
+    @property
+    def redacted(self) -> str:
+        """The URL as logs show it."""
+        return redact_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"RedisSettings({self.redacted!r}, {self.files!r})"
+
+    def ssl_kwargs(self) -> dict[str, Any]:
+        """redis-py's TLS arguments, or {} without TLS."""
+        if not self.parsed.tls:
+            return {}
+        f = self.files
+        return {
+            "ssl": True,
+            "ssl_cert_reqs": "required",
+            "ssl_ca_certs": str(f.ca_file) if f.ca_file else None,
+            "ssl_certfile": str(f.cert_file) if f.cert_file else None,
+            "ssl_keyfile": str(f.key_file) if f.key_file else None,
+        }
+
+    def auth_kwargs(self) -> dict[str, Any]:
+        p = self.parsed
+        if self.files.password_file is not None:
+            return {"credential_provider": FilePassword(p.username, self.files.password_file)}
+        out: dict[str, Any] = {}
+        if p.username:
+            out["username"] = p.username
+        if p.password:
+            out["password"] = p.password
+        return out
+
+    def connection_kwargs(self, timeout: float) -> dict[str, Any]:
+        """Arguments every connection (master or sentinel) is built with."""
+        return {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            # No CLIENT SETINFO on connect: not in any component's ACL rules.
+            "driver_info": None,
+            **self.auth_kwargs(),
+            **self.ssl_kwargs(),
+        }
+
+
+def settings(
+    url: str,
+    files: RedisFiles | None = None,
+    *,
+    source: Source = "library",
+    flag: str = "--redis",
+) -> RedisSettings:
+    """Check ``url`` and ``files`` and return settings; raise :class:`RedisConfigError`.
+
+    ``source`` says where the URL came from: a password is refused in a URL
+    given as a process argument or an environment variable (both readable
+    by anyone who can list processes or inspect them), accepted in one read
+    from a file or passed in by library code.
+    """
+    files = files or RedisFiles()
+    parsed = parse_url(url)
+    if parsed.password is not None and source in ("argument", "environment"):
+        where = "on the command line" if source == "argument" else "in the environment"
+        raise RedisConfigError(
+            f"the {flag} URL carries a password, which would be visible {where}: "
+            f"put the password in a file and give {PASSWORD_FILE_FLAG} FILE "
+            f"(or the whole URL in a file: {flag} @FILE)"
+        )
+    if parsed.password is not None and files.password_file is not None:
+        raise RedisConfigError(
+            f"a password in the {flag} URL and {PASSWORD_FILE_FLAG} too: give it once"
+        )
+    if files.password_file is not None:
+        read_secret_file(files.password_file, "Redis password file")
+    if files.any_tls and not parsed.tls:
+        raise RedisConfigError(
+            f"TLS files given but the {flag} URL is not TLS: use rediss:// "
+            f"(or rediss+sentinel://), got {redact_url(url)!r}"
+        )
+    if (files.cert_file is None) != (files.key_file is None):
+        raise RedisConfigError("--redis-cert-file and --redis-key-file go together")
+    if parsed.tls:
+        _check_tls_files(files)
+    return RedisSettings(url=url.strip(), parsed=parsed, files=files)
+
+
+def _check_tls_files(files: RedisFiles) -> None:
+    """Load the TLS files once now, so a wrong path or a garbled PEM fails at start."""
+    ctx = ssl.create_default_context()
+    for what, path in (
+        ("Redis CA file", files.ca_file),
+        ("Redis client certificate file", files.cert_file),
+        ("Redis client key file", files.key_file),
+    ):
+        if path is not None and not path.is_file():
+            raise RedisConfigError(f"{what} {path} does not exist")
+    try:
+        if files.ca_file is not None:
+            ctx.load_verify_locations(cafile=str(files.ca_file))
+    except (ssl.SSLError, OSError) as exc:
+        raise RedisConfigError(
+            f"Redis CA file {files.ca_file} holds no usable certificate ({exc.__class__.__name__})"
+        ) from None
+    try:
+        if files.cert_file is not None and files.key_file is not None:
+            ctx.load_cert_chain(str(files.cert_file), str(files.key_file))
+    except (ssl.SSLError, OSError) as exc:
+        raise RedisConfigError(
+            f"Redis client certificate {files.cert_file} and key {files.key_file} do not load "
+            f"as a pair ({exc.__class__.__name__})"
+        ) from None
+
+
+def read_url_argument(value: str, *, source: Source, flag: str = "--redis") -> tuple[str, Source]:
+    """``@FILE`` means the URL is in FILE (where it may carry a password)."""
+    if value.startswith("@"):
+        path = Path(value[1:])
+        return read_secret_file(path, "Redis URL file").strip(), "file"
+    return value, source
+
+
+def from_options(
+    value: str,
+    *,
+    password_file: Path | None = None,
+    ca_file: Path | None = None,
+    cert_file: Path | None = None,
+    key_file: Path | None = None,
+    source: Source = "argument",
+    flag: str = "--redis",
+) -> RedisSettings:
+    """Settings from a component's flags (``value`` is a URL or ``@FILE``)."""
+    url, source = read_url_argument(value, source=source, flag=flag)
+    return settings(
+        url,
+        RedisFiles(password_file, ca_file, cert_file, key_file),
+        source=source,
+        flag=flag,
+    )
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def _plain_kwargs(s: RedisSettings, timeout: float) -> dict[str, Any]:
+    p = s.parsed
+    kwargs = s.connection_kwargs(timeout)
+    kwargs["db"] = p.db
+    if p.scheme == "unix":
+        kwargs["unix_socket_path"] = p.path
+    else:
+        kwargs["host"], kwargs["port"] = p.hosts[0]
+    return kwargs
+
+
+def async_client(
+    s: RedisSettings, *, timeout: float, health_check_interval: float = 0
+) -> aioredis.Redis:
+    """An asyncio client for the replica and the router."""
+    import redis.asyncio as aioredis
+    import redis.asyncio.sentinel as aiosentinel
+
+    extra: dict[str, Any] = {"health_check_interval": health_check_interval}
+    if s.parsed.sentinel:
+        conn = s.connection_kwargs(timeout)
+        sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(s.parsed.hosts),
+            sentinel_kwargs=_sentinel_kwargs(conn, aioredis.SSLConnection),
+            **conn,
+        )
+        client: aioredis.Redis = sentinel.master_for(
+            s.parsed.master, db=s.parsed.db, decode_responses=False, **extra
+        )
+        return client
+    if s.parsed.scheme == "unix":
+        kwargs = _plain_kwargs(s, timeout)
+        for key in [k for k in kwargs if k.startswith("ssl")]:
+            kwargs.pop(key)
+        pool = aioredis.ConnectionPool(
+            connection_class=aioredis.UnixDomainSocketConnection, **kwargs, **extra
+        )
+        return aioredis.Redis.from_pool(pool)
+    return aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False, **extra)
+
+
+def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
+    """A blocking client (the operator's handlers run in kopf's threads)."""
+    import redis
+    import redis.sentinel
+
+    if s.parsed.sentinel:
+        conn = s.connection_kwargs(timeout)
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(s.parsed.hosts),
+            sentinel_kwargs=_sentinel_kwargs(conn, redis.SSLConnection),
+            **conn,
+        )
+        master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            s.parsed.master, db=s.parsed.db
+        )
+        return master
+    if s.parsed.scheme == "unix":
+        kwargs = _plain_kwargs(s, timeout)
+        for key in [k for k in kwargs if k.startswith("ssl")]:
+            kwargs.pop(key)
+        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection, **kwargs)
+        return redis.Redis.from_pool(pool)
+    return redis.Redis(**_plain_kwargs(s, timeout))
+
+
+def _sentinel_kwargs(conn: dict[str, Any], ssl_class: type[Any]) -> dict[str, Any]:
+    """The sentinels are reached with the master's timeouts and TLS, no credentials.
+
+    redis-py picks the connection class of a sentinel from ``connection_class``,
+    not from ``ssl``, so TLS needs naming the class.
+    """
+    out = {
+        k: v for k, v in conn.items() if k not in ("username", "password", "credential_provider")
+    }
+    if out.pop("ssl", False):
+        out["connection_class"] = ssl_class
+    return out
+
+
+def describe(exc: BaseException) -> str:
+    """One line on why Redis could not be used, for a log; names the flag to check.
+
+    A certificate the CA file did not sign is the mistake most worth spelling
+    out: otherwise it reads like any outage.
+    """
+    text = str(exc) or type(exc).__name__
+    low = text.lower()
+    if "certificate verify failed" in low or "certificate_verify_failed" in low:
+        return (
+            f"TLS certificate verify failed ({_short(text)}): is --redis-ca-file the CA "
+            "that signed the Redis server's certificate?"
+        )
+    if "certificate required" in low or "certificate_required" in low:
+        return (
+            f"the Redis server wants a client certificate ({_short(text)}): "
+            "give --redis-cert-file and --redis-key-file"
+        )
+    if "wrongpass" in low or "invalid username-password" in low:
+        return "authentication failed (WRONGPASS): check the user in the URL and the password file"
+    if "noperm" in low:
+        return f"permission denied by the Redis ACL ({_short(text)})"
+    if isinstance(exc, RedisConfigError):
+        return text
+    return f"{type(exc).__name__}: {_short(text)}"
+
+
+def _short(text: str, limit: int = 200) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def add_flags(
+    parser: Any,
+    *,
+    url_help: str,
+    required: bool = False,
+    default: str | None = None,
+    env_note: str = "",
+) -> None:
+    """The Redis flags shared by ``serve``, ``router`` and ``operator``."""
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        required=required,
+        default=default,
+        help=f"{url_help}: redis://[user@]host:port/db, rediss://, unix:///path, "
+        "redis+sentinel://host:port[,host:port]/master[/db], or @FILE holding the URL"
+        f"{env_note}; no password here: use {PASSWORD_FILE_FLAG}",
+    )
+    parser.add_argument(
+        PASSWORD_FILE_FLAG,
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="file holding the Redis password",
+    )
+    parser.add_argument(
+        "--redis-ca-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="CA certificate(s) for rediss:// (PEM)",
+    )
+    parser.add_argument(
+        "--redis-cert-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="client certificate for rediss:// (PEM)",
+    )
+    parser.add_argument(
+        "--redis-key-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the client certificate's key (PEM)",
+    )
+
+
+def from_args(args: Any, *, source: Source = "argument") -> RedisSettings:
+    """Settings from the parsed flags added by :func:`add_flags`."""
+    return from_options(
+        args.redis,
+        password_file=args.redis_password_file,
+        ca_file=args.redis_ca_file,
+        cert_file=args.redis_cert_file,
+        key_file=args.redis_key_file,
+        source=source,
+    )
+
+
+__all__: Sequence[str] = (
+    "FilePassword",
+    "RedisConfigError",
+    "RedisFiles",
+    "RedisSettings",
+    "RedisURL",
+    "async_client",
+    "describe",
+    "from_args",
+    "from_options",
+    "parse_url",
+    "read_secret_file",
+    "redact_url",
+    "settings",
+    "sync_client",
+)

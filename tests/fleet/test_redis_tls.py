@@ -1,0 +1,151 @@
+"""rediss://: a fleet on a redis-server that speaks only TLS and wants client certificates.
+
+The test makes a CA, the server's certificate (127.0.0.1) and a client
+certificate; every component connects with ``--redis-ca-file``,
+``--redis-cert-file`` and ``--redis-key-file`` under its own ACL user. A CA
+that did not sign the server's certificate is refused with an error that
+says so and names the flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetkit import scenarios
+from fleetkit.certs import CertificateAuthority
+from fleetkit.redisrig import RedisFleet, RedisServer, TLSFiles, acl_log, redis_fleet
+from mcpfleet.server import redisconn
+from mcpfleet.server.contract import RedisKeys
+from mcpfleet.server.dev.fleet import Proc, free_port, mcpfleet_argv, wait_for
+from mcpfleet.server.registry import read_replicas_sync
+
+from .conftest import shared
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    return TLSFiles(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def server(tls: TLSFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    srv = RedisServer(tmp_path_factory.mktemp("tls-redis"), tls=tls).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    server: RedisServer, tls: TLSFiles, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisFleet]:
+    lf = redis_fleet(
+        tmp_path_factory.mktemp("tls-fleet"),
+        [server],
+        f"rediss://127.0.0.1:{server.port}/0",
+        server.admin,
+        fleet="tls",
+        replicas=2,
+        client_args=tls.client_args(),
+    )
+    acl_log(server, reset=True)
+    with lf, shared(lf):
+        yield lf
+
+
+async def test_both_eras_run_over_tls_with_client_certificates(
+    fleet: RedisFleet, server: RedisServer
+) -> None:
+    await scenarios.modern_rounds_spread(fleet)
+    await scenarios.handshake_session_sticks(fleet)
+    with contextlib.closing(server.admin()) as admin:
+        users = {c["user"] for c in admin.client_list()}
+    assert {fleet.users["replica"][0], fleet.users["router"][0]} <= users
+    assert acl_log(server) == []
+
+
+def test_the_operators_client_reads_attestations_over_tls(fleet: RedisFleet, tls: TLSFiles) -> None:
+    """The blocking client the operator's handlers use, with its own user, over TLS."""
+    user, password_file = fleet.users["operator"]
+    base = fleet.base_url.partition("://")[2]
+    s = redisconn.settings(
+        f"rediss://{user}@{base}",
+        redisconn.RedisFiles(password_file, tls.ca_file, tls.client_cert, tls.client_key),
+    )
+    client = redisconn.sync_client(s, timeout=2)
+    try:
+        assert set(read_replicas_sync(client, RedisKeys("tls"))) == {"replica-0", "replica-1"}
+    finally:
+        client.close()
+
+
+def _router(fleet: RedisFleet, workdir: Path, name: str, *tls_args: str) -> Proc:
+    user, password_file = fleet.users["router"]
+    base = fleet.base_url.partition("://")[2]
+    proc = Proc(
+        name,
+        mcpfleet_argv(
+            "router",
+            "--port",
+            str(free_port()),
+            "--fleet",
+            "tls",
+            "--redis",
+            f"rediss://{user}@{base}",
+            "--redis-password-file",
+            str(password_file),
+            *tls_args,
+        ),
+        workdir / f"{name}.log",
+    )
+    proc.start(fleet.env())
+    return proc
+
+
+def test_a_wrong_ca_is_refused_with_a_clear_error(
+    fleet: RedisFleet, tls: TLSFiles, tmp_path: Path
+) -> None:
+    other = tmp_path / "other-ca.crt"
+    other.write_bytes(CertificateAuthority("not-the-redis-ca").cert_pem)
+    proc = _router(
+        fleet,
+        tmp_path,
+        "router-wrong-ca",
+        "--redis-ca-file",
+        str(other),
+        "--redis-cert-file",
+        str(tls.client_cert),
+        "--redis-key-file",
+        str(tls.client_key),
+    )
+    try:
+        wait_for(
+            "the router to say the certificate did not verify",
+            lambda: "TLS certificate verify failed" in proc.tail(),
+            30,
+        )
+        log = proc.tail()
+        assert "is --redis-ca-file the CA that signed the Redis server's certificate?" in log
+        assert proc.alive, "degraded, not crashed: Redis may be fixed without a restart"
+    finally:
+        proc.stop()
+
+
+def test_a_client_without_a_certificate_is_refused_by_the_server(
+    fleet: RedisFleet, tls: TLSFiles, tmp_path: Path
+) -> None:
+    proc = _router(fleet, tmp_path, "router-no-cert", "--redis-ca-file", str(tls.ca_file))
+    try:
+        wait_for(
+            "the router to say a client certificate is wanted",
+            lambda: "give --redis-cert-file and --redis-key-file" in proc.tail(),
+            30,
+        )
+        assert proc.alive
+    finally:
+        proc.stop()

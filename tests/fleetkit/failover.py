@@ -1,0 +1,266 @@
+"""A Sentinel failover under load, written once for the test and for ``make bench``.
+
+The setup (:func:`sentinel_fleet`): a master, one replica, N redis-sentinel processes
+(quorum N//2+1), and a fleet of two replicas behind two routers, every
+component under its own ACL user (created on both servers: ACL users are not
+replicated), all connecting through ``redis+sentinel://``.
+
+The scenario (:func:`failover_under_load`): modern bookings and handshake
+meeting plans run without pause through both routers; replication is held
+back (the replica's replication user is cut off: both stay up); sessions are
+opened through router 0 (the master acknowledges their
+routes, the replica never gets them); the master is SIGKILLed. Sentinel
+promotes the replica, which lacks those routes. Router 0 still has them in
+its cache and writes them back once Redis answers again; router 1, which
+never saw them, must then route them to their owners (without the
+write-back it would answer 404 and end live sessions). Counted: rounds and
+sessions that failed, and how long each part took to recover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+from fleetkit import scenarios
+from fleetkit.redisrig import (
+    MASTER,
+    RedisFleet,
+    RedisServer,
+    Sentinels,
+    acl_log,
+    redis_fleet,
+)
+from fleetkit.wire import initialize_body
+from mcpfleet.server import redisconn
+from mcpfleet.server.contract import SESSION_HEADER, RedisKeys
+from mcpfleet.server.dev.demo import connect
+from mcpfleet.server.dev.fleet import wait_for
+from mcpfleet.server.registry import read_replicas_sync
+
+FLEET = "failover"
+HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+
+
+@dataclass
+class SentinelFleet:
+    master: RedisServer
+    replica: RedisServer
+    sentinels: Sentinels
+    fleet: RedisFleet
+
+    def current_master(self) -> RedisServer:
+        port = self.sentinels.master_port()
+        return self.replica if port == self.replica.port else self.master
+
+    def operator_client(self) -> redis.Redis:
+        """The blocking client the operator builds, as the operator's user, via Sentinel."""
+        user, password_file = self.fleet.users["operator"]
+        s = redisconn.settings(
+            f"redis+sentinel://{user}@{self.sentinels.url_hosts}/{MASTER}/0",
+            redisconn.RedisFiles(password_file=password_file),
+        )
+        return redisconn.sync_client(s, timeout=1)
+
+    def logs(self) -> str:
+        out = [f"--- {name} ---\n{tail}" for name, tail in self.sentinels.logs()]
+        for srv in (self.master, self.replica):
+            if srv.proc is not None:
+                out.append(f"--- {srv.name} ---\n{srv.proc.tail(15)}")
+        out += [f"--- {name} ---\n{tail}" for name, tail in self.fleet.logs()]
+        return "\n".join(out)
+
+
+@contextlib.contextmanager
+def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]:
+    master = RedisServer(workdir, "master").start()
+    # One admin password for both: the sentinels talk to either with it.
+    replica = RedisServer(
+        workdir, "replica", replica_of=master, admin_password=master.admin_password
+    )
+    group = Sentinels(workdir, master, count=sentinels, quorum=sentinels // 2 + 1)
+    setup: SentinelFleet | None = None
+    try:
+        replica.start()
+        wait_for("the replica's link to the master", lambda: _link_up(replica), 30)
+        group.start()
+        group.wait_replicas_known(1)
+        servers = {master.port: master, replica.port: replica}
+        lf = redis_fleet(
+            workdir / "fleet",
+            [master, replica],
+            f"redis+sentinel://{group.url_hosts}/{MASTER}/0",
+            lambda: servers[group.master_port()].admin(),
+            fleet=FLEET,
+            replicas=2,
+            routers=2,
+        )
+        setup = SentinelFleet(master, replica, group, lf)
+        with lf:
+            yield setup
+    finally:
+        group.stop()
+        replica.stop()
+        master.stop()
+
+
+def _link_up(replica: RedisServer) -> bool:
+    with contextlib.closing(replica.admin()) as admin:
+        return admin.info("replication").get("master_link_status") == "up"
+
+
+@dataclass
+class FailoverReport:
+    #: Modern bookings and handshake meeting plans completed and failed during the run.
+    modern_ok: int = 0
+    modern_failed: int = 0
+    handshake_ok: int = 0
+    handshake_failed: int = 0
+    failures: list[str] = field(default_factory=list)
+    #: Seconds from the SIGKILL until: Sentinel names the new master; every router
+    #: routes from Redis again (not degraded); every replica is attested on it; the
+    #: operator's client reads the registry from it.
+    promoted: float = 0.0
+    routers_back: float = 0.0
+    replicas_back: float = 0.0
+    operator_back: float = 0.0
+    #: Routes the old master acknowledged and the replica never got; how many of
+    #: those the other router then routed to their owner.
+    unreplicated: int = 0
+    kept: int = 0
+    #: Denials in ACL LOG on the new master (nothing outside the rules, even now).
+    denied: int = 0
+
+
+async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> FailoverReport:
+    lf = setup.fleet
+    report = FailoverReport()
+    stop = asyncio.Event()
+
+    async def modern(url: str, n: int) -> None:
+        while not stop.is_set():
+            try:
+                async with connect(url, "modern", timeout=15) as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": f"M{n}"})
+                        assert str(result.data).startswith("Booked"), result.data
+                        report.modern_ok += 1
+            except Exception as exc:
+                report.modern_failed += 1
+                report.failures.append(f"modern: {type(exc).__name__}: {exc}"[:300])
+
+    async def handshake(url: str, n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                text, replicas, _ = await scenarios.handshake_session(url, f"h{n}-{i}")
+                assert text.startswith(f"Planned 'h{n}-{i}'") and len(replicas) == 1
+                report.handshake_ok += 1
+            except Exception as exc:
+                report.handshake_failed += 1
+                report.failures.append(f"handshake: {type(exc).__name__}: {exc}"[:300])
+
+    urls = [lf.router_url(0), lf.router_url(1)]
+    tasks = [asyncio.create_task(modern(u, i)) for i, u in enumerate(urls)]
+    tasks += [asyncio.create_task(handshake(u, i)) for i, u in enumerate(urls)]
+    keys = RedisKeys(FLEET)
+    operator = setup.operator_client()
+    try:
+        await _until("load to run", lambda: report.modern_ok >= 10 and report.handshake_ok >= 4)
+        assert set(read_replicas_sync(operator, keys)) == {"replica-0", "replica-1"}
+        acl_log(setup.master, reset=True)
+        acl_log(setup.replica, reset=True)
+
+        # Hold replication back, then open sessions through router 0 only.
+        setup.master.hold_replication()
+        await _until("the replica to lose its link", lambda: not _link_up(setup.replica), 10)
+        async with httpx.AsyncClient(timeout=10) as http:
+            opened: dict[str, str] = {}
+            for _ in range(sessions):
+                resp = await http.post(
+                    urls[0], content=initialize_body("failover"), headers=HEADERS
+                )
+                assert resp.status_code == 200, resp.text
+                opened[resp.headers[SESSION_HEADER]] = resp.headers["x-mcpfleet-replica"]
+            with (
+                contextlib.closing(setup.master.admin()) as on_master,
+                contextlib.closing(setup.replica.admin()) as on_replica,
+            ):
+                for session in opened:
+                    assert on_master.get(keys.session(session)) is not None
+                    if on_replica.get(keys.session(session)) is None:
+                        report.unreplicated += 1
+
+            killed = time.monotonic()
+            setup.master.kill()
+            await _until(
+                "Sentinel to promote the replica",
+                lambda: setup.sentinels.master_port() == setup.replica.port,
+                30,
+            )
+            report.promoted = time.monotonic() - killed
+            await _until("every router to leave degraded", lambda: _routers_back(lf), 30)
+            report.routers_back = time.monotonic() - killed
+            await _until(
+                "every replica to be attested on the new master",
+                lambda: set(_attested(setup.replica, keys)) == {"replica-0", "replica-1"},
+                30,
+            )
+            report.replicas_back = time.monotonic() - killed
+            await _until(
+                "the operator's client to read the new master",
+                lambda: set(read_replicas_sync(operator, keys)) == {"replica-0", "replica-1"},
+                30,
+            )
+            report.operator_back = time.monotonic() - killed
+
+            # The routes lost with the old master: router 1 never saw these sessions.
+            for session, owner in opened.items():
+                ping = '{"jsonrpc":"2.0","id":9,"method":"ping"}'
+                resp = await http.post(
+                    urls[1], content=ping, headers={**HEADERS, SESSION_HEADER: session}
+                )
+                if resp.status_code == 200 and resp.headers.get("x-mcpfleet-replica") == owner:
+                    report.kept += 1
+                else:
+                    report.failures.append(f"session via router 1: {resp.status_code} {resp.text}")
+        done = report.modern_ok + report.handshake_ok
+        await _until(
+            "load to run on the new master",
+            lambda: report.modern_ok + report.handshake_ok >= done + 10,
+        )
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        operator.close()
+    report.denied = len(acl_log(setup.replica))
+    return report
+
+
+async def _until(what: str, check: object, timeout: float = 60) -> None:
+    """Wait for ``check()`` off the event loop thread, so the load keeps running."""
+    await asyncio.to_thread(wait_for, what, check, timeout)  # type: ignore[arg-type]
+
+
+def _routers_back(lf: RedisFleet) -> bool:
+    for port in lf.router_ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as resp:
+            status = json.loads(resp.read())
+        if status["degraded"] or status["serving"] < 2:
+            return False
+    return True
+
+
+def _attested(server: RedisServer, keys: RedisKeys) -> dict[str, object]:
+    with contextlib.closing(server.admin()) as admin:
+        return dict(read_replicas_sync(admin, keys))

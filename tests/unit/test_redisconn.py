@@ -1,0 +1,275 @@
+"""Redis connection settings: URLs (Sentinel included), secrets from files, TLS files, redaction.
+
+No server here: what a component refuses before it connects, and what it
+would connect with. The servers (ACL users, TLS, Sentinel) are in
+tests/fleet/test_redis_*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetkit.certs import CertificateAuthority
+from mcpfleet.server import redisconn
+from mcpfleet.server.cli import main
+from mcpfleet.server.contract import REDIS_COMPONENTS, RedisKeys
+from mcpfleet.server.redisconn import (
+    FilePassword,
+    RedisConfigError,
+    RedisFiles,
+    RedisURL,
+    parse_url,
+    redact_url,
+    settings,
+)
+
+SECRET = "s3cr3t-value"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://127.0.0.1:6379/0", RedisURL("redis", hosts=(("127.0.0.1", 6379),))),
+        ("redis://redis", RedisURL("redis", hosts=(("redis", 6379),))),
+        (
+            "redis://replica@redis:6380/2",
+            RedisURL("redis", hosts=(("redis", 6380),), db=2, username="replica"),
+        ),
+        (
+            "rediss://router:pw@[::1]:6390/1",
+            RedisURL("rediss", hosts=(("::1", 6390),), db=1, username="router", password="pw"),
+        ),
+        ("unix:///run/redis.sock?db=3", RedisURL("unix", path="/run/redis.sock", db=3)),
+        (
+            "redis+sentinel://s1:26379,s2,s3:26380/mymaster",
+            RedisURL(
+                "redis+sentinel",
+                hosts=(("s1", 26379), ("s2", 26379), ("s3", 26380)),
+                master="mymaster",
+            ),
+        ),
+        (
+            "redis+sentinel://op:p%40ss@s1:1/fleet-master/4",
+            RedisURL(
+                "redis+sentinel",
+                hosts=(("s1", 1),),
+                master="fleet-master",
+                db=4,
+                username="op",
+                password="p@ss",
+            ),
+        ),
+        (
+            "redis+sentinel://:pw@s1/m",
+            RedisURL("redis+sentinel", hosts=(("s1", 26379),), master="m", password="pw"),
+        ),
+    ],
+)
+def test_every_accepted_url_form_parses(url: str, expected: RedisURL) -> None:
+    assert parse_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://127.0.0.1:6379", "starts with redis://"),
+        ("127.0.0.1:6379", "starts with redis://"),
+        ("redis://127.0.0.1:notaport/0", "bad port"),
+        ("redis://127.0.0.1:70000/0", "bad port"),
+        ("redis://127.0.0.1/zero", "must be a number"),
+        ("redis://:pw@/0", "no host"),
+        ("redis://a:1,b:2/0", "several hosts need redis\\+sentinel://"),
+        ("redis+sentinel://s1:26379", "names the master"),
+        ("redis+sentinel:///mymaster", "no sentinel host"),
+        ("redis+sentinel://s1/m/0/extra", "too many path parts"),
+        ("unix://relative.sock", "absolute socket path"),
+    ],
+)
+def test_a_bad_url_is_refused_with_a_clear_error(url: str, says: str) -> None:
+    with pytest.raises(RedisConfigError, match=says):
+        parse_url(url)
+
+
+def test_no_error_message_repeats_the_password() -> None:
+    for url in (
+        f"redis://u:{SECRET}@host:bad/0",
+        f"redis://u:{SECRET}@host/zero",
+        f"redis+sentinel://u:{SECRET}@s1",
+        f"http://u:{SECRET}@host",
+    ):
+        with pytest.raises(RedisConfigError) as info:
+            parse_url(url)
+        assert SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (f"redis://u:{SECRET}@h:1/0", "redis://u:***@h:1/0"),
+        (f"redis://:{SECRET}@h:1/0", "redis://:***@h:1/0"),
+        ("redis://replica@h:1/0", "redis://replica@h:1/0"),
+        ("redis://h:1/0", "redis://h:1/0"),
+        (f"rediss://u:{SECRET}@h/0", "rediss://u:***@h/0"),
+        (f"redis+sentinel://u:{SECRET}@a:1,b:2/m/0", "redis+sentinel://u:***@a:1,b:2/m/0"),
+        (f"unix://u:{SECRET}@/run/r.sock", "unix://u:***@/run/r.sock"),
+    ],
+)
+def test_redaction_hides_passwords_and_keeps_the_rest(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_a_password_on_the_command_line_or_in_the_environment_is_refused() -> None:
+    for source, where in (("argument", "command line"), ("environment", "environment")):
+        with pytest.raises(RedisConfigError) as info:
+            settings(f"redis://u:{SECRET}@h/0", source=source)  # type: ignore[arg-type]
+        message = str(info.value)
+        assert "--redis-password-file" in message and where in message
+        assert SECRET not in message
+    # Read from a file (or given by library code), it is accepted.
+    assert settings(f"redis://u:{SECRET}@h/0", source="file").parsed.password == SECRET
+    assert settings(f"redis://u:{SECRET}@h/0").parsed.password == SECRET
+
+
+def test_a_url_file_may_carry_the_password(tmp_path: Path) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text(f"redis://router:{SECRET}@h:6379/0\n")
+    s = redisconn.from_options(f"@{url_file}")
+    assert s.parsed.username == "router" and s.parsed.password == SECRET
+    assert SECRET not in repr(s) and SECRET not in s.redacted
+
+
+def test_password_file_errors_are_clear(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(RedisConfigError, match=f"{missing} does not exist"):
+        settings("redis://u@h/0", RedisFiles(password_file=missing))
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(RedisConfigError, match="is empty"):
+        settings("redis://u@h/0", RedisFiles(password_file=empty))
+    with pytest.raises(RedisConfigError, match="is a directory"):
+        settings("redis://u@h/0", RedisFiles(password_file=tmp_path))
+    two = tmp_path / "two"
+    two.write_text(f"{SECRET}\nmore\n")
+    with pytest.raises(RedisConfigError, match="more than one line") as info:
+        settings("redis://u@h/0", RedisFiles(password_file=two))
+    assert SECRET not in str(info.value)
+    good = tmp_path / "good"
+    good.write_text(SECRET + "\n")
+    with pytest.raises(RedisConfigError, match="give it once"):
+        settings(f"redis://u:{SECRET}@h/0", RedisFiles(password_file=good))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_an_unreadable_password_file_is_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.write_text(SECRET)
+    locked.chmod(0)
+    with pytest.raises(RedisConfigError, match="not readable"):
+        settings("redis://u@h/0", RedisFiles(password_file=locked))
+
+
+def test_the_password_file_is_read_at_every_connection(tmp_path: Path) -> None:
+    """A rotated Secret takes effect at the next connection, with no restart."""
+    from redis.exceptions import AuthenticationError
+
+    path = tmp_path / "password"
+    path.write_text("first\n")
+    provider = FilePassword("router", path)
+    assert provider.get_credentials() == ("router", "first")
+    path.write_text("second\n")
+    assert provider.get_credentials() == ("router", "second")
+    assert FilePassword(None, path).get_credentials() == ("second",)
+    path.unlink()
+    # A Redis error, so the components' Redis-down path handles it (no crash).
+    with pytest.raises(AuthenticationError, match="does not exist"):
+        provider.get_credentials()
+
+
+def test_tls_files_are_checked_before_connecting(tmp_path: Path) -> None:
+    ca = CertificateAuthority("redis-test-ca")
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.cert_pem)
+    cert, key = ca.issue_client("router").write(tmp_path, "client")
+    s = settings("rediss://h:6380/0", RedisFiles(ca_file=ca_file, cert_file=cert, key_file=key))
+    assert s.ssl_kwargs() == {
+        "ssl": True,
+        "ssl_cert_reqs": "required",
+        "ssl_ca_certs": str(ca_file),
+        "ssl_certfile": str(cert),
+        "ssl_keyfile": str(key),
+    }
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(RedisConfigError, match="holds no usable certificate"):
+        settings("rediss://h/0", RedisFiles(ca_file=garbage))
+    with pytest.raises(RedisConfigError, match="does not exist"):
+        settings("rediss://h/0", RedisFiles(ca_file=tmp_path / "nope.crt"))
+    with pytest.raises(RedisConfigError, match="go together"):
+        settings("rediss://h/0", RedisFiles(ca_file=ca_file, cert_file=cert))
+    other_key = CertificateAuthority("other").issue_client("x").write(tmp_path, "other")[1]
+    with pytest.raises(RedisConfigError, match="do not load as a pair"):
+        settings("rediss://h/0", RedisFiles(cert_file=cert, key_file=other_key))
+    with pytest.raises(RedisConfigError, match="use rediss://"):
+        settings("redis://h/0", RedisFiles(ca_file=ca_file))
+
+
+def test_the_acl_rules_name_only_the_fleets_keys() -> None:
+    keys = RedisKeys("blue")
+    for component in REDIS_COMPONENTS:
+        rules = keys.acl_rules(component)
+        assert rules[:3] == ["resetkeys", "resetchannels", "-@all"], component
+        patterns = [r for r in rules if "~" in r]
+        assert patterns and all(r.split("~", 1)[1].startswith("mcpfleet:blue:") for r in patterns)
+        assert not any(r.startswith("+@") or r in ("allkeys", "allcommands") for r in rules)
+    assert "~mcpfleet:blue:session:*" in keys.acl_rules("router")
+    assert not any(r.startswith("~") for r in keys.acl_rules("operator")), "read-only"
+    assert "+set" not in keys.acl_rules("operator")
+    with pytest.raises(ValueError, match="component"):
+        keys.acl_rules("admin")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("command", ["serve", "router"])
+def test_the_command_line_refuses_a_password_in_the_url(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [command, "--redis", f"redis://u:{SECRET}@127.0.0.1:1/0"]
+    if command == "serve":
+        argv += ["--keys", "/nonexistent"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--redis-password-file" in err and SECRET not in err
+
+
+def test_the_command_line_names_a_missing_password_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "pw"
+    argv = ["router", "--redis", "redis://u@127.0.0.1:1/0", "--redis-password-file", str(missing)]
+    assert main(argv) == 2
+    assert f"Redis password file {missing} does not exist" in capsys.readouterr().err
+
+
+def test_the_operator_refuses_a_password_in_its_environment(tmp_path: Path) -> None:
+    """Checked before any Kubernetes client is built: no cluster needed."""
+    env = {**os.environ, "MCPFLEET_REDIS_URL": f"redis://op:{SECRET}@127.0.0.1:1/0"}
+    env["KUBECONFIG"] = str(tmp_path / "no-kubeconfig")
+    result = subprocess.run(
+        [sys.executable, "-m", "mcpfleet.server.cli", "operator", "-n", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "visible in the environment" in result.stderr
+    assert "--redis-password-file" in result.stderr
+    assert SECRET not in result.stderr + result.stdout
