@@ -35,7 +35,7 @@ def target_rows(fig: Figures) -> list[Row]:
         rows.append(
             (
                 "target: router adds <= 25% to a modern round's p50",
-                f"+{added * 100:.0f}% ({direct:.2f} -> {router:.2f} ms)",
+                f"{added * 100:+.0f}% ({direct:.2f} -> {router:.2f} ms)",
                 _verdict(added <= 0.25),
                 "wrk, 1 connection, vs direct",
             )
@@ -45,7 +45,7 @@ def target_rows(fig: Figures) -> list[Row]:
             rows.append(
                 (
                     "target: router adds no more than nginx adds (p50)",
-                    f"router +{router - direct:.2f} ms, nginx +{nginx_added:.2f} ms",
+                    f"router {router - direct:+.2f} ms, nginx {nginx_added:+.2f} ms",
                     _verdict(router - direct <= nginx_added),
                     "",
                 )

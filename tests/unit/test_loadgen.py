@@ -87,6 +87,7 @@ def test_per_request_totals_and_names_each_command() -> None:
     from fleetkit.sessionbench import _per_request
 
     total, detail = _per_request({"get": 1.0, "ping": 0.015}, 1000)
-    assert total == "1.015"
+    assert total == "1.01"
     assert detail == "net: GET +1000, PING +15"
-    assert _per_request({}, 1000) == ("0.000", "net: none")
+    assert _per_request({}, 1000) == ("0.00", "net: none")
+    assert _per_request({"mget": -0.004}, 1000) == ("0.00", "net: MGET -4")
