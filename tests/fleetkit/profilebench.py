@@ -44,7 +44,12 @@ def start_before_router(lf: LocalFleet) -> tuple[Proc, str]:
     argv += ["--redis", lf.redis_url, "--fleet", lf.fleet]
     proc = Proc("router-before", argv, lf.workdir / "router-before.log")
     proc.start(lf.env())
-    wait_for("the before-router to see the replicas", lf._router_sees(port, lf.replicas), 60)
+    wait_for(
+        lf._router_sees(port, lf.replicas),
+        timeout=60,
+        what="the before-router to see the replicas",
+        retry_on=(OSError, ValueError, KeyError),
+    )
     return proc, f"http://127.0.0.1:{port}/mcp"
 
 
