@@ -93,7 +93,7 @@ def router_cpu_rows(lf: LocalFleet, quick: bool) -> list[Row]:
         for url in urls.values():
             run_wrk(url, connections=4, seconds=1)  # warm-up
         got = {NOW: WrkResult(), BEFORE: WrkResult()}
-        for i in range(2 if quick else 4):
+        for i in range(2 if quick else 6):
             for name in (NOW, BEFORE) if i % 2 == 0 else (BEFORE, NOW):
                 got[name] = got[name] + run_wrk(
                     urls[name],
@@ -115,6 +115,7 @@ def router_cpu_rows(lf: LocalFleet, quick: bool) -> list[Row]:
             )
         OUT.mkdir(parents=True, exist_ok=True)
         seconds = 4 if quick else 8
+        relay_share: dict[str, float] = {}
         for name, tag in ((BEFORE, "before"), (NOW, "now")):
             raw = OUT / f"router-profile-{tag}.txt"
             prof = profile(pids[name], urls[name], seconds, raw)
@@ -123,6 +124,7 @@ def router_cpu_rows(lf: LocalFleet, quick: bool) -> list[Row]:
                 continue
             summary = OUT / f"router-profile-{tag}-summary.txt"
             write_summary(prof, summary, name)
+            relay_share[name] = relay_path_share(prof)
             top = ", ".join(f"{_short(f)} {s * 100:.0f}%" for f, s in prof.top_self(4))
             outer = ("Router.__call__", "Router._http", "Router._route", "run_router")
             mine = ", ".join(
@@ -142,9 +144,27 @@ def router_cpu_rows(lf: LocalFleet, quick: bool) -> list[Row]:
                 )
             )
             rows.append((f"router profile, {name}: router code, inclusive", mine, "", ""))
+        if len(relay_share) == 2:
+            rows.append(
+                (
+                    "router samples relaying the answer, before / now",
+                    f"{relay_share[BEFORE] * 100:.1f}% / {relay_share[NOW] * 100:.1f}%",
+                    f"x{relay_share[NOW] / relay_share[BEFORE]:.2f}",
+                    "Upstream.relay + the pump's tasks (they run outside it)",
+                )
+            )
     finally:
         before.stop()
     return rows
+
+
+def relay_path_share(prof: Profile) -> float:
+    """Share of samples relaying answers: in ``Upstream.relay``, or in the pump's tasks
+    (a task's stack starts at the event loop, so it is not inside ``relay``)."""
+    hits = 0
+    for name in ("Upstream.relay", "_pump.<locals>.copy", "_pump.<locals>.client_gone"):
+        hits += sum(c for f, c in prof.inclusive.items() if f.startswith(name + " ("))
+    return hits / prof.samples if prof.samples else 0.0
 
 
 def _short(frame: str) -> str:
