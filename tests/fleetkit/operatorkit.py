@@ -56,12 +56,17 @@ OPERATOR_KINDS = ("ServiceAccount", "Role", "RoleBinding", "KopfPeering")
 
 
 def render_chart(helm: Helm, namespace: str, *values: str) -> list[dict[str, Any]]:
-    """``helm template`` of the chart (CRDs included), as a list of objects."""
+    """``helm template`` of the chart (CRDs included, hooks left out), as a list of objects."""
     args = ["template", RELEASE, str(CHART), "--namespace", namespace, "--include-crds"]
     for value in values:
         args += ["--set", value]
     out = helm.run(*args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    # Hooks (the helm test Pod, the uninstall Job and its account) are not the release's objects.
+    return [
+        d
+        for d in yaml.safe_load_all(out)
+        if d and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+    ]
 
 
 def apply_crds(api: k8s.ApiClient, docs: Sequence[dict[str, Any]], timeout: float = 60) -> None:
