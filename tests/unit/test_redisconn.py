@@ -273,3 +273,16 @@ def test_the_operator_refuses_a_password_in_its_environment(tmp_path: Path) -> N
     assert "visible in the environment" in result.stderr
     assert "--redis-password-file" in result.stderr
     assert SECRET not in result.stderr + result.stdout
+
+
+def test_the_readme_shows_exactly_the_acl_rules_of_the_contract() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Redis\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("user mcpfleet-")]
+    shown = {}
+    for line in lines:
+        user, on, password, *rules = line.split()[1:]
+        assert (on, password) == ("on", "#<sha256")
+        assert rules[:3] == ["of", "its", "password>"]
+        shown[user.removeprefix("mcpfleet-")] = rules[3:]
+    assert shown == {c: RedisKeys("default").acl_rules(c) for c in REDIS_COMPONENTS}
