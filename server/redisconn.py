@@ -438,21 +438,13 @@ def async_client(
         conn = s.connection_kwargs(timeout)
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(s.parsed.hosts),
-            sentinel_kwargs=_sentinel_kwargs(conn, aioredis.SSLConnection),
+            sentinel_kwargs=_sentinel_kwargs(conn),
             **conn,
         )
         client: aioredis.Redis = sentinel.master_for(
             s.parsed.master, db=s.parsed.db, decode_responses=False, **extra
         )
         return client
-    if s.parsed.scheme == "unix":
-        kwargs = _plain_kwargs(s, timeout)
-        for key in [k for k in kwargs if k.startswith("ssl")]:
-            kwargs.pop(key)
-        pool = aioredis.ConnectionPool(
-            connection_class=aioredis.UnixDomainSocketConnection, **kwargs, **extra
-        )
-        return aioredis.Redis.from_pool(pool)
     return aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False, **extra)
 
 
@@ -465,34 +457,21 @@ def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
         conn = s.connection_kwargs(timeout)
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(s.parsed.hosts),
-            sentinel_kwargs=_sentinel_kwargs(conn, redis.SSLConnection),
+            sentinel_kwargs=_sentinel_kwargs(conn),
             **conn,
         )
         master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
             s.parsed.master, db=s.parsed.db
         )
         return master
-    if s.parsed.scheme == "unix":
-        kwargs = _plain_kwargs(s, timeout)
-        for key in [k for k in kwargs if k.startswith("ssl")]:
-            kwargs.pop(key)
-        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection, **kwargs)
-        return redis.Redis.from_pool(pool)
     return redis.Redis(**_plain_kwargs(s, timeout))
 
 
-def _sentinel_kwargs(conn: dict[str, Any], ssl_class: type[Any]) -> dict[str, Any]:
-    """The sentinels are reached with the master's timeouts and TLS, no credentials.
-
-    redis-py picks the connection class of a sentinel from ``connection_class``,
-    not from ``ssl``, so TLS needs naming the class.
-    """
-    out = {
+def _sentinel_kwargs(conn: dict[str, Any]) -> dict[str, Any]:
+    """The sentinels are reached with the master's timeouts and TLS, without its credentials."""
+    return {
         k: v for k, v in conn.items() if k not in ("username", "password", "credential_provider")
     }
-    if out.pop("ssl", False):
-        out["connection_class"] = ssl_class
-    return out
 
 
 def describe(exc: BaseException) -> str:

@@ -26,8 +26,10 @@ from redis.exceptions import NoPermissionError
 from fleetkit import scenarios
 from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
 from fleetkit.wire import initialize_body
+from mcpfleet.server import redisconn
 from mcpfleet.server.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
 from mcpfleet.server.dev.fleet import wait_for
+from mcpfleet.server.registry import connect, read_replicas, read_replicas_sync
 
 from .conftest import shared
 
@@ -125,6 +127,29 @@ def test_a_drained_replica_withdraws_its_record_under_the_replica_user(
             ),
             30,
         )
+
+
+async def test_the_router_and_operator_clients_connect_over_a_unix_socket(
+    blue: RedisFleet, server: RedisServer
+) -> None:
+    """unix:// with a user and its password file, for the asyncio and the blocking client."""
+    keys = RedisKeys("blue")
+    user, password_file = blue.users["router"]
+    files = redisconn.RedisFiles(password_file=password_file)
+    router = connect(f"unix://{user}@{server.socket}?db=0", files)
+    try:
+        assert "replica-0" in await read_replicas(router, keys)
+    finally:
+        await router.aclose()
+    user, password_file = blue.users["operator"]
+    s = redisconn.settings(
+        f"unix://{user}@{server.socket}", redisconn.RedisFiles(password_file=password_file)
+    )
+    operator = redisconn.sync_client(s, timeout=2)
+    try:
+        assert "replica-0" in read_replicas_sync(operator, keys)
+    finally:
+        operator.close()
 
 
 def test_nothing_in_normal_operation_was_denied(blue: RedisFleet, server: RedisServer) -> None:

@@ -114,6 +114,10 @@ class RedisServer:
     def dir(self) -> Path:
         return self.workdir / self.name
 
+    @property
+    def socket(self) -> Path:
+        return self.dir / "redis.sock"
+
     def config(self) -> str:
         lines = [
             "bind 127.0.0.1",
@@ -121,6 +125,8 @@ class RedisServer:
             'save ""',
             "appendonly no",
             f"dir {self.dir}",
+            f"unixsocket {self.socket}",
+            "unixsocketperm 700",
             "user default off",
             f"user {ADMIN} on >{self.admin_password} ~* &* +@all",
             # What a replica authenticates as to its master: only replication.
