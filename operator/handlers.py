@@ -613,9 +613,7 @@ def _advance(
         try:
             attested = _attested(rt, ring_spec.fleet)
         except (RedisError, OSError) as exc:
-            _pending(
-                new, previous, f"cannot read attestations: {describe(exc)}", keep=recorded
-            )
+            _pending(new, previous, f"cannot read attestations: {describe(exc)}", keep=recorded)
             _apply_status(patch, previous, new)
             return
         view = current.view()
