@@ -48,6 +48,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _fleet(text: str) -> str:
     try:
         return check_fleet_name(text)
@@ -120,7 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-header-bytes", type=int, default=rtr.max_header_bytes)
     r.add_argument("--header-timeout", type=_positive, default=rtr.header_timeout)
     r.add_argument("--body-timeout", type=_positive, default=rtr.body_timeout)
-    r.add_argument("--max-connections", type=int, default=rtr.max_connections)
+    r.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=rtr.max_connections,
+        help="open client connections at once; past it, a JSON-RPC 503 at once "
+        f"(default {rtr.max_connections})",
+    )
     r.add_argument(
         "--allowed-host",
         action="append",
@@ -183,6 +196,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
 
     from mcpfleet.server.dev.fleet import FleetError, LocalFleet, start_monitoring
     from mcpfleet.server.dev.supervisor import Supervisor
+    from mcpfleet.server.dev.wait import WaitTimeout
 
     if replicas < 1:
         raise UsageError("--replicas must be at least 1")
@@ -219,7 +233,7 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         fleet.start()
-    except FleetError as exc:
+    except (FleetError, WaitTimeout) as exc:
         fleet.stop()
         for name, tail in fleet.logs():
             print(f"--- {name} ---\n{tail}", file=sys.stderr)

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +34,7 @@ from mcpfleet.server.dev.localprom import (
     find_prometheus,
     graph_url,
 )
+from mcpfleet.server.dev.wait import WaitTimeout, wait_for
 from mcpfleet.server.keys.files import read_ring, write_ring
 from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.registry import read_replicas_sync
@@ -50,20 +50,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:
-    """Poll ``check`` until it is true; raise FleetError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except Exception:  # a check that raises counts as "not yet"
-            pass
-        if time.monotonic() > deadline:
-            raise FleetError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -221,9 +207,10 @@ class LocalFleet:
             self.router_ports.append(port)
         for i, port in enumerate(self.router_ports):
             wait_for(
-                f"router-{i} to see {self.replicas} serving replica(s)",
                 self._router_sees(port, self.replicas),
-                timeout,
+                timeout=timeout,
+                what=f"router-{i} to see {self.replicas} serving replica(s)",
+                retry_on=(OSError, ValueError, KeyError),
             )
 
     def start_redis(self, timeout: float = 30.0) -> None:
@@ -251,7 +238,12 @@ class LocalFleet:
             self.workdir / "redis.log",
         )
         self.redis.start(self.env())
-        wait_for("redis-server to answer PING", self._redis_ping, timeout)
+        wait_for(
+            self._redis_ping,
+            timeout=timeout,
+            what="redis-server to answer PING",
+            retry_on=(OSError,),
+        )
 
     def stop_redis(self) -> None:
         if self.redis is not None:
@@ -321,9 +313,16 @@ class LocalFleet:
                 raise FleetError(f"{name} exited:\n{member.proc.tail()}")
             return http_ok(member.url + "/readyz") and name in self.attestations()
 
+        import redis
+
         try:
-            wait_for(f"{name} to be ready and registered", ready, timeout)
-        except FleetError as exc:
+            wait_for(
+                ready,
+                timeout=timeout,
+                what=f"{name} to be ready and registered",
+                retry_on=(OSError, redis.RedisError),
+            )
+        except (FleetError, WaitTimeout) as exc:
             raise FleetError(f"{exc}\n--- {name} log ---\n{member.proc.tail()}") from None
 
     def stop(self) -> None:
@@ -388,7 +387,14 @@ class LocalFleet:
             att = self.attestations()
             return all(m.name in att and att[m.name].kids == kids for m in live)
 
-        wait_for(f"every replica to attest kids {list(kids)}", converged, timeout)
+        import redis
+
+        wait_for(
+            converged,
+            timeout=timeout,
+            what=f"every replica to attest kids {list(kids)}",
+            retry_on=(OSError, redis.RedisError),
+        )
 
     def metrics_targets(self) -> list[Target]:
         """Every process with a ``/metrics``: the replicas and the routers."""

@@ -17,7 +17,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, Proc
+from mcpfleet.server.dev.wait import wait_for
 
 #: First and longest wait before restarting something that exited.
 BACKOFF_FIRST = 0.5
@@ -106,7 +107,7 @@ class Supervisor:
         proc = self.fleet.router_procs[index]
         proc.start(self.fleet.env())
         port = self.fleet.router_ports[index]
-        wait_for(f"router-{index} to listen", lambda: _listening(port), 30)
+        wait_for(lambda: _listening(port), timeout=30, what=f"router-{index} to listen")
         return f"router-{index} restarted on port {port}"
 
 

@@ -1,4 +1,5 @@
-"""The router's HTTP server: uvicorn, with a deadline on reading request headers.
+"""The router's HTTP server: uvicorn, with a deadline on reading request headers
+and a bound on open connections.
 
 uvicorn bounds the idle time between keep-alive requests but not how long a
 client may take to send a request's headers: a client trickling one header
@@ -7,6 +8,10 @@ and its memory, forever. :func:`bounded_protocol` returns uvicorn's own
 httptools protocol with one addition: from the moment a connection opens, or
 a new request on it begins, its headers must be complete within
 ``header_timeout`` seconds, else the router answers ``408`` and closes it.
+A connection past ``max_connections`` is answered at once with a JSON-RPC
+``503`` (``Retry-After: 1``) and closed, before anything is read from it.
+(uvicorn's own ``limit_concurrency`` answers plain text, and only once a
+request's headers arrived, so a flood of idle connections still counts.)
 Bodies are bounded by the router itself (``RouterConfig.body_timeout``), and
 nothing bounds a response: streams live as long as they need.
 
@@ -19,6 +24,7 @@ proves it against the installed uvicorn.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -38,12 +44,43 @@ _TIMEOUT_RESPONSE = (
 )
 
 
+def _busy_response() -> bytes:
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32000, "message": "Router at its connection limit; retry"},
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\n"
+        b"content-type: application/json\r\n"
+        b"retry-after: 1\r\n"
+        b"connection: close\r\n"
+        + ROUTER_ERROR_HEADER.lower().encode()
+        + b": 1\r\n"
+        + b"content-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+_BUSY_RESPONSE = _busy_response()
+
+
 class _BoundedHeaders(HttpToolsProtocol):
     header_timeout: float = 10.0
+    max_connections: int | None = None
     _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # ``connections`` is the server's set of open connections, this one included.
+        if self.max_connections is not None and len(self.connections) > self.max_connections:
+            transport.write(_BUSY_RESPONSE)
+            transport.close()
+            return
         self._arm()
 
     def on_message_begin(self) -> None:
@@ -74,6 +111,13 @@ class _BoundedHeaders(HttpToolsProtocol):
             self.transport.close()
 
 
-def bounded_protocol(header_timeout: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol, closing connections whose headers take too long."""
-    return type("BoundedHeadersProtocol", (_BoundedHeaders,), {"header_timeout": header_timeout})
+def bounded_protocol(
+    header_timeout: float, max_connections: int | None = None
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, closing connections whose headers take too long
+    and refusing those past ``max_connections``."""
+    return type(
+        "BoundedHeadersProtocol",
+        (_BoundedHeaders,),
+        {"header_timeout": header_timeout, "max_connections": max_connections},
+    )

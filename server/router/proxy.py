@@ -11,10 +11,16 @@ Per request (see :mod:`mcpfleet.server.router.decisions` for the pure decisions)
 * everything else (modern era, sessionless): to any serving replica, chosen
   by power of two choices on requests in flight, with no Redis on the path.
 
-Bodies and streams pass through unbuffered in both directions; a client that
-goes away tears down the upstream request, and vice versa. Requests that no
-replica processed (refused connection, a draining replica's 503) are resent
-to another replica; nothing else is retried.
+A request is first read whole and judged (:mod:`~mcpfleet.server.router.admission`:
+routing needs the body, read within a size and a time bound); the response,
+streams included, then passes through unbuffered
+(:mod:`~mcpfleet.server.router.upstream`). A client that goes away tears down
+the upstream request, and vice versa. Requests that no replica processed
+(refused connection, a draining replica's 503) are resent to another replica;
+nothing else is retried.
+
+:class:`Router` decides and keeps the books (in flight, sessions, latency,
+outcomes); it forwards through :class:`~mcpfleet.server.router.upstream.Upstream`.
 """
 
 from __future__ import annotations
@@ -22,23 +28,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import errno
 import json
 import logging
 import time
 from typing import Any
 
-import aiohttp
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from mcpfleet.server.config import RouterConfig
 from mcpfleet.server.contract import (
     DRAINING_HEADER,
-    REPLICA_HEADER,
     ROUTER_ERROR_HEADER,
     RedisKeys,
 )
 from mcpfleet.server.registry import connect, redact_url
+from mcpfleet.server.router.admission import ClientGone, Rejection, admit
 from mcpfleet.server.router.decisions import (
     OriginPolicy,
     RouteKind,
@@ -46,38 +50,13 @@ from mcpfleet.server.router.decisions import (
     parses_as_json,
     pick_stateless,
     place_session,
-    refused_origin,
-    session_ids,
     valid_session_id,
 )
 from mcpfleet.server.router.metrics import RouterMetrics
 from mcpfleet.server.router.table import Health, ReplicaView, SessionTable
+from mcpfleet.server.router.upstream import Dropped, Failure, Upstream
 
 log = logging.getLogger("mcpfleet.router")
-
-#: Headers that describe one hop, never forwarded (RFC 9110 section 7.6.1), and
-#: ``host``, which names the router; the upstream client sets the replica's own.
-#: Headers only fleet components may set are in ``_CLIENT_MAY_NOT_SET``.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-    }
-)
-_CLIENT_MAY_NOT_SET = frozenset(
-    {REPLICA_HEADER.lower(), DRAINING_HEADER.lower(), ROUTER_ERROR_HEADER.lower()}
-)
-#: Replica response headers the router replaces with its own (uvicorn adds them
-#: to every response): forwarding them too would repeat them.
-_REPLACED_BY_ROUTER = frozenset({"date", "server"})
 
 
 class Outcome(enum.StrEnum):
@@ -109,21 +88,6 @@ class Route(enum.StrEnum):
     INVALID = "invalid"
 
 
-class Failure(enum.StrEnum):
-    """Why a forward produced no upstream status; the values are metric labels."""
-
-    REFUSED = "refused"  # the replica refused the connection: it is not listening
-    TIMEOUT = "timeout"  # no connection within connect_timeout: maybe overloaded
-    DRAINING = "draining"  # the replica declined the request before any work
-    DISCONNECTED = "disconnected"  # the client went away first
-    UPSTREAM_BROKE = "upstream_broke"  # the replica's response broke off midway
-
-    @property
-    def nothing_processed(self) -> bool:
-        """True if the replica certainly did no work: the request may go elsewhere."""
-        return self in (Failure.REFUSED, Failure.TIMEOUT, Failure.DRAINING)
-
-
 def _error(code: int, message: str) -> bytes:
     return json.dumps(
         {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
@@ -149,79 +113,6 @@ async def _retry_later(send: Send, status: int, code: int, message: str) -> None
     await _respond(send, status, _error(code, message), [(b"retry-after", b"1")])
 
 
-def _forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    connection_listed: set[str] = set()
-    for k, v in raw:
-        if k.lower() == b"connection":
-            connection_listed |= {t.strip().lower() for t in v.decode("latin-1").split(",")}
-    out = []
-    for k, v in raw:
-        name = k.decode("latin-1").lower()
-        if name in HOP_BY_HOP or name in connection_listed or name in _CLIENT_MAY_NOT_SET:
-            continue
-        out.append((name, v.decode("latin-1")))
-    return out
-
-
-def _response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tuple[bytes, bytes]]:
-    """The replica's response headers as the client should see them.
-
-    Hop-by-hop headers are dropped, and so are ``date``/``server`` (the router
-    sets its own). A ``location`` pointing at the replica's own address (the
-    app's trailing-slash redirect) is made relative, so a client that follows
-    it comes back through the router instead of going around it.
-    """
-    drop = HOP_BY_HOP | _REPLACED_BY_ROUTER
-    drop |= {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
-    out = []
-    for k, v in resp.raw_headers:
-        name = k.decode("latin-1").lower()
-        if name in drop:
-            continue
-        if name == "location" and v.decode("latin-1").startswith(replica_base + "/"):
-            v = v[len(replica_base) :]
-        out.append((k, v))
-    return out
-
-
-def _stale_connection(exc: aiohttp.ClientError) -> bool:
-    """True for a connection closed or reset before any response: on a pooled keep-alive
-    connection this means the replica never read the request (it closed the idle
-    connection, or its process is gone), so one retry on a fresh connection is safe."""
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return True
-    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (
-        errno.ECONNRESET,
-        errno.EPIPE,
-    )
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes:
-    """The whole request body (routing needs it), within ``limit`` bytes and ``timeout`` s."""
-    async with asyncio.timeout(timeout):
-        return await _read_body_unbounded(receive, limit)
-
-
-async def _read_body_unbounded(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionResetError("client went away while sending")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 class Router:
     """The ASGI application. Start it under uvicorn with ``lifespan='on'``."""
 
@@ -238,19 +129,13 @@ class Router:
         self.origin_policy = OriginPolicy.for_bind(
             config.host, config.allowed_hosts, config.allowed_origins
         )
-        self.http: aiohttp.ClientSession | None = None
-        #: Used only to retry a request whose pooled connection proved stale.
-        self.fresh_http: aiohttp.ClientSession | None = None
+        self.upstream = Upstream(config.connect_timeout)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def startup(self) -> None:
-        # Idle upstream connections are dropped well before a replica would close
-        # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
-        connector = aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=5.0)
-        self.http = self._client_session(connector)
-        self.fresh_http = self._client_session(aiohttp.TCPConnector(force_close=True))
+        await self.upstream.start()
         await self.view.refresh()
         log.info(
             "router for fleet %s, Redis %s: %d replica(s) known%s",
@@ -260,16 +145,6 @@ class Router:
             " (degraded: Redis unreachable)" if self.health.degraded else "",
         )
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name="replica-view"))
-
-    def _client_session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
-            connector=connector,
-            # Only connecting is bounded: streams may stay open for as long as they live.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-        )
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -289,9 +164,7 @@ class Router:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for http in (self.http, self.fresh_http):
-            if http is not None:
-                await http.close()
+        await self.upstream.close()
         await self.redis.aclose()
 
     # --- ASGI ------------------------------------------------------------------------
@@ -354,35 +227,14 @@ class Router:
         self, scope: Scope, receive: Receive, send: Send, started: float
     ) -> tuple[str, Outcome | Failure]:
         """Handle one proxied request; returns (route kind, outcome) for the metrics."""
-        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        if sum(len(k) + len(v) for k, v in raw_headers) > self.config.max_header_bytes:
-            await _respond(send, 431, _error(-32600, "Request headers too large"))
-            return Route.INVALID, Outcome.REJECTED
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
-        refusal = refused_origin(headers.get("host"), headers.get("origin"), self.origin_policy)
-        if refusal is not None:
-            await _respond(send, 403, _error(-32600, f"Forbidden: {refusal}"))
-            return Route.INVALID, Outcome.REJECTED
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.config.max_body_bytes:
-            await _respond(send, 413, _error(-32600, "Request body too large"))
-            return Route.INVALID, Outcome.REJECTED
         try:
-            body = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout)
-        except _TooLarge:
-            await _respond(send, 413, _error(-32600, "Request body too large"))
-            return Route.INVALID, Outcome.REJECTED
-        except TimeoutError:
-            await _respond(send, 408, _error(-32600, "Request body not received in time"))
-            return Route.INVALID, Outcome.REJECTED
-        except ConnectionResetError:
+            admitted = await admit(scope, receive, self.config, self.origin_policy)
+        except ClientGone:
             return Route.INVALID, Failure.DISCONNECTED
-
-        if len(session_ids(raw_headers)) > 1:
-            # The router would route by one and the replica read another: refused
-            # before any lookup, so no session is ever dropped on another's behalf.
-            await _respond(send, 400, _error(-32600, "Bad Request: more than one Mcp-Session-Id"))
+        if isinstance(admitted, Rejection):
+            await _respond(send, admitted.status, _error(admitted.code, admitted.message))
             return Route.INVALID, Outcome.REJECTED
+        headers, body = admitted.headers, admitted.body
         method: str = scope["method"]
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
@@ -495,152 +347,43 @@ class Router:
         body: bytes,
         started: float,
     ) -> int | Failure:
-        """Proxy one request to replica ``name``, counted in flight while it runs.
+        """Forward one request to replica ``name`` through :attr:`upstream`.
 
-        Returns the status relayed to the client, or the :class:`Failure` that
-        stopped it.
+        Around the forwarding itself: the request counts in flight while it
+        runs, a new session is recorded and the latency observed once the
+        replica's headers arrived. Returns the status relayed to the client,
+        or the :class:`Failure` that stopped it.
         """
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
-            return await self._proxy(scope, receive, send, kind, name, address, body, started)
-        finally:
-            self.view.inflight[name] -= 1
-
-    async def _open(
-        self, name: str, method: str, url: str, headers: list[tuple[str, str]], body: bytes
-    ) -> aiohttp.ClientResponse:
-        """Send the request upstream and return once the response headers arrived.
-
-        A pooled connection the replica closed or reset before answering is
-        retried once on a fresh connection: then a live replica answers, and a
-        dead one refuses, which the caller turns into the spec's 404 at once.
-        """
-        assert self.http is not None and self.fresh_http is not None
-        try:
-            return await self.http.request(
-                method, url, headers=headers, data=body or None, allow_redirects=False
-            )
-        except aiohttp.ClientConnectorError:
-            raise
-        except aiohttp.ClientError as exc:
-            if not _stale_connection(exc):
-                raise
-            log.info("replica %s: pooled connection %s; retrying fresh", name, type(exc).__name__)
-        return await self.fresh_http.request(
-            method, url, headers=headers, data=body or None, allow_redirects=False
-        )
-
-    async def _proxy(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        kind: RouteKind,
-        name: str,
-        address: str,
-        body: bytes,
-        started: float,
-    ) -> int | Failure:
-        url = address + scope["raw_path"].decode("latin-1")
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
-        headers = _forward_headers(scope["headers"])
-        client = scope.get("client")
-        if client:
-            headers.append(("x-forwarded-for", client[0]))
-        try:
-            upstream = await self._open(name, scope["method"], url, headers, body)
-        except TimeoutError:
-            log.warning(
-                "replica %s did not accept a connection within %.1fs",
-                name,
-                self.config.connect_timeout,
-            )
-            return Failure.TIMEOUT
-        except aiohttp.ClientConnectorError as exc:
-            log.info("replica %s refused the connection: %s", name, exc.os_error)
-            return Failure.REFUSED
-        except aiohttp.ClientError as exc:
-            log.warning("replica %s failed before answering: %s: %s", name, type(exc).__name__, exc)
-            # The request may or may not have been processed: never resent. A
-            # session survives this (its owner is alive); the client may retry.
-            failure = f"Replica {name} dropped the connection: {type(exc).__name__}"
-            status = 503 if kind is RouteKind.STICKY else 502
-            await _retry_later(send, status, -32603, failure)
-            return status
-        result: int | Failure = Failure.UPSTREAM_BROKE
-        try:
+            try:
+                upstream = await self.upstream.open(scope, name, address, body)
+            except Dropped as exc:
+                # The request may or may not have been processed: never resent. A
+                # session survives this (its owner is alive); the client may retry.
+                status = 503 if kind is RouteKind.STICKY else 502
+                await _retry_later(send, status, -32603, str(exc))
+                return status
+            if isinstance(upstream, Failure):
+                return upstream
             if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
-                await upstream.read()
-                result = Failure.DRAINING
-                return result
-            if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                session = upstream.headers.get("mcp-session-id")
-                if session and valid_session_id(session):
-                    await self.sessions.record(session, name)
+                await self.upstream.decline(upstream)
+                return Failure.DRAINING
+            try:
+                if kind is RouteKind.INITIALIZE and upstream.status == 200:
+                    session = upstream.headers.get("mcp-session-id")
+                    if session and valid_session_id(session):
+                        await self.sessions.record(session, name)
+            except BaseException:
+                upstream.close()
+                raise
             self.metrics.latency.labels(kind.value).observe(time.perf_counter() - started)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": upstream.status,
-                    "headers": _response_headers(upstream, address),
-                }
-            )
-            ended = await self._pump(upstream, receive, send)
-            if ended is None:
-                result = upstream.status
-            else:
-                result = ended
-                if ended is Failure.UPSTREAM_BROKE:
-                    log.warning("replica %s broke off its response; aborting the client's", name)
+            result = await self.upstream.relay(upstream, address, receive, send)
+            if result is Failure.UPSTREAM_BROKE:
+                log.warning("replica %s broke off its response; aborting the client's", name)
             return result
         finally:
-            if isinstance(result, int) or result is Failure.DRAINING:
-                upstream.release()  # complete: back to the pool
-            else:
-                upstream.close()  # tear the upstream request down
-
-    async def _pump(
-        self, upstream: aiohttp.ClientResponse, receive: Receive, send: Send
-    ) -> Failure | None:
-        """Copy the upstream body to the client chunk by chunk until either side ends.
-
-        Returns None when the body was relayed whole, :attr:`Failure.DISCONNECTED`
-        if the client went away first (the upstream is then closed too), and
-        :attr:`Failure.UPSTREAM_BROKE` if the replica's body broke off: then the
-        client's response is left unfinished, and the server aborts the
-        connection, so the client sees a broken stream, never a normal end.
-        """
-
-        async def copy() -> bool:
-            try:
-                async for chunk in upstream.content.iter_any():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                log.info("upstream stream broke off: %s", type(exc).__name__)
-                return False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return True
-
-        async def client_gone() -> None:
-            while True:
-                message: Message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-
-        copier = asyncio.ensure_future(copy())
-        watcher = asyncio.ensure_future(client_gone())
-        try:
-            await asyncio.wait({copier, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (copier, watcher):
-                task.cancel()
-            for task in (copier, watcher):
-                with contextlib.suppress(asyncio.CancelledError, OSError, RuntimeError):
-                    await task
-        if not copier.done() or copier.cancelled() or copier.exception() is not None:
-            return Failure.DISCONNECTED
-        return None if copier.result() else Failure.UPSTREAM_BROKE
+            self.view.inflight[name] -= 1
 
 
 def _outcome(result: int | Failure) -> Outcome | Failure:
@@ -662,8 +405,7 @@ def run_router(config: RouterConfig) -> None:
             Router(config),
             host=config.host,
             port=config.port,
-            http=bounded_protocol(config.header_timeout),
-            limit_concurrency=config.max_connections,
+            http=bounded_protocol(config.header_timeout, config.max_connections),
             log_level="warning",
             lifespan="on",
             access_log=False,

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from fleetkit.wire import modern_call
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.keys.files import write_ring, write_volume
 from mcpfleet.server.keys.ring import KeyRing
 
@@ -137,12 +138,22 @@ def test_a_replica_with_unreachable_redis_serves_and_says_why(tmp_path: Path) ->
     )
     proc.start({"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"})
     try:
-        wait_for("the replica", lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 30)
+        wait_for(
+            lambda: http_ok(f"http://127.0.0.1:{port}/readyz"),
+            timeout=30,
+            what="the replica",
+            retry_on=(Exception,),
+        )
         answer = modern_call(
             f"http://127.0.0.1:{port}/mcp", "confirm_purchase", {"item": "pen", "amount_eur": 2}
         )
         assert answer.status == 200 and answer.replica == "lonely"
-        wait_for("the Redis error in the log", lambda: "cannot reach Redis" in proc.tail(), 10)
+        wait_for(
+            lambda: "cannot reach Redis" in proc.tail(),
+            timeout=10,
+            what="the Redis error in the log",
+            retry_on=(Exception,),
+        )
         assert f"redis://127.0.0.1:{dead}/0" in proc.tail()
     finally:
         proc.stop()
@@ -157,7 +168,12 @@ def test_router_with_unreachable_redis_starts_degraded(tmp_path: Path) -> None:
     )
     proc.start({"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"})
     try:
-        wait_for("the router to answer", lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), 30)
+        wait_for(
+            lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
+            timeout=30,
+            what="the router to answer",
+            retry_on=(Exception,),
+        )
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
         assert ready.status_code == 503 and ready.json()["degraded"] is True
         resp = httpx.post(

@@ -17,7 +17,8 @@ import pytest
 
 from fleetkit.fleet import require_redis
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.server.dev.fleet import free_port, mcpfleet_argv, wait_for
+from mcpfleet.server.dev.fleet import free_port, mcpfleet_argv
+from mcpfleet.server.dev.wait import wait_for
 
 
 class Dev:
@@ -48,7 +49,10 @@ class Dev:
 
     def wait_said(self, pattern: str, timeout: float) -> re.Match[str]:
         wait_for(
-            f"`mcpfleet dev` to print /{pattern}/", lambda: self.said(pattern) is not None, timeout
+            lambda: self.said(pattern) is not None,
+            timeout=timeout,
+            what=f"`mcpfleet dev` to print /{pattern}/",
+            retry_on=(Exception,),
         )
         found = self.said(pattern)
         assert found is not None
@@ -96,7 +100,9 @@ def test_dev_restarts_a_killed_replica_and_redis_and_keeps_answering(dev: Dev) -
     dev.wait_said(r"behind the router at", 90)
     redis_port = dev.wait_said(r"redis redis://127\.0\.0\.1:(\d+)/0", 5).group(1)
     workdir = str(Path(dev.said(r"logs in (\S+)").group(1)))  # type: ignore[union-attr]
-    wait_for("3 serving replicas", lambda: _serving(dev.url) == 3, 30)
+    wait_for(
+        lambda: _serving(dev.url) == 3, timeout=30, what="3 serving replicas", retry_on=(Exception,)
+    )
 
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
     opened = httpx.post(dev.url, content=initialize_body("dev-chaos"), headers=headers, timeout=10)
@@ -123,7 +129,12 @@ def test_dev_restarts_a_killed_replica_and_redis_and_keeps_answering(dev: Dev) -
     dev.wait_said(r"redis-server exited", 10)
     dev.wait_said(rf"{owner} restarted on port \d+", 30)
     dev.wait_said(r"redis-server restarted, empty", 30)
-    wait_for("all 3 replicas serving again", lambda: _serving(dev.url) == 3, 60)
+    wait_for(
+        lambda: _serving(dev.url) == 3,
+        timeout=60,
+        what="all 3 replicas serving again",
+        retry_on=(Exception,),
+    )
     assert dev.proc.poll() is None, "the fleet stayed up"
     again = modern_call(dev.url, "confirm_purchase", {"item": "tea", "amount_eur": 3})
     assert again.status == 200

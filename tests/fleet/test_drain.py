@@ -14,7 +14,8 @@ import pytest
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import modern_call
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
-from mcpfleet.server.dev.fleet import LocalFleet, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.server.dev.wait import wait_for
 
 from .conftest import watched
 
@@ -51,16 +52,18 @@ async def test_sigterm_drains_then_exits_after_its_session_finishes(
         member = lf.members[owner]
         await asyncio.to_thread(
             wait_for,
-            f"{owner} to report draining",
             lambda: httpx.get(member.url + "/readyz", timeout=1).status_code == 503,
-            10,
+            timeout=10,
+            what=f"{owner} to report draining",
+            retry_on=(Exception,),
         )
         router_ready = lf.url.replace("/mcp", "/readyz")
         await asyncio.to_thread(
             wait_for,
-            "the router to see the drain",
             lambda: httpx.get(router_ready, timeout=1).json()["replicas"][owner] == "draining",
-            10,
+            timeout=10,
+            what="the router to see the drain",
+            retry_on=(Exception,),
         )
 
         # New sessions and modern rounds go elsewhere while the session lives on.
@@ -89,9 +92,10 @@ async def test_sigterm_drains_then_exits_after_its_session_finishes(
     assert "drained: no request in flight and no open session" in member.proc.tail()
     await asyncio.to_thread(
         wait_for,
-        "the drained replica to leave the registry",
         lambda: owner not in lf.attestations(),
-        10,
+        timeout=10,
+        what="the drained replica to leave the registry",
+        retry_on=(Exception,),
     )
 
 
@@ -156,15 +160,20 @@ async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: Local
     load = asyncio.create_task(modern_stream())
     sessions = [asyncio.create_task(session(i)) for i in range(30)]
     await asyncio.to_thread(
-        wait_for, f"sessions on {victim}", lambda: lf.attestations()[victim].sessions >= 2, 20
+        wait_for,
+        lambda: lf.attestations()[victim].sessions >= 2,
+        timeout=20,
+        what=f"sessions on {victim}",
+        retry_on=(Exception,),
     )
     lf.drain(victim)
     router_ready = lf.url.replace("/mcp", "/readyz")
     await asyncio.to_thread(
         wait_for,
-        "the router to see the drain",
         lambda: httpx.get(router_ready, timeout=1).json()["replicas"].get(victim) != "serving",
-        10,
+        timeout=10,
+        what="the router to see the drain",
+        retry_on=(Exception,),
     )
     drained.set()
     results = await asyncio.wait_for(asyncio.gather(*sessions), 120)
@@ -223,9 +232,10 @@ async def test_rolling_restart_of_every_replica_under_load_loses_no_session(
             assert code == 0, lf.members[name].proc.tail()
             await asyncio.to_thread(
                 wait_for,
-                "traffic to go on after the restart",
                 lambda b=before: len(done) > b + 5,
-                30,
+                timeout=30,
+                what="traffic to go on after the restart",
+                retry_on=(Exception,),
             )
     finally:
         stop.set()

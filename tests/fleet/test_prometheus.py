@@ -31,8 +31,9 @@ from fleetkit import monitoring, scenarios
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import LocalFleet, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet
 from mcpfleet.server.dev.localprom import LocalPrometheus
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.keys.files import write_ring, write_volume
 from mcpfleet.server.keys.ring import KeyRing
 
@@ -126,9 +127,10 @@ def _traffic(lf: LocalFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> Non
     write_volume(lf.keys_dir, {"keyring.json": b'{"version": 1, "keys": []}'})
     for member in lf.members.values():
         wait_for(
-            f"{member.name} to refuse the broken ring",
             lambda m=member: _gauge(_metrics_text(m.url), "mcpfleet_keyring_reload_failing") == 1,
-            30,
+            timeout=30,
+            what=f"{member.name} to refuse the broken ring",
+            retry_on=(Exception,),
         )
     write_ring(lf.keys_dir, good)
     retired = lf.rotate_step("retire")
@@ -142,7 +144,13 @@ def _traffic(lf: LocalFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> Non
     # First let every series so far reach Prometheus twice: a killed replica's
     # counters must already have the two samples a rate() needs.
     now = time.time()
-    wait_for("two scrapes of every replica", lambda: prom.scraped_since(now), 30, interval=0.2)
+    wait_for(
+        lambda: prom.scraped_since(now),
+        timeout=30,
+        what="two scrapes of every replica",
+        interval=0.2,
+        retry_on=(Exception,),
+    )
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
     with httpx.Client(timeout=10) as http:
         init = http.post(url, content=initialize_body("prom-test"), headers=headers)
@@ -161,7 +169,13 @@ def _traffic(lf: LocalFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> Non
             modern_call(url, "book_flight", {"destination": "Oslo"}, client=http)
             return "mcpfleet_router_resends_total{" in _metrics_text(router)
 
-        wait_for("a stateless request resent past the dead replica", resent, 30, interval=0)
+        wait_for(
+            resent,
+            timeout=30,
+            what="a stateless request resent past the dead replica",
+            interval=0,
+            retry_on=(Exception,),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -175,23 +189,25 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
         try:
             prom.start(lf.metrics_targets())
             wait_for(
-                "Prometheus to scrape every process",
                 lambda: (
                     sum(t["health"] == "up" for t in prom.api("targets")["activeTargets"])
                     == len(lf.metrics_targets())
                 ),
-                30,
+                timeout=30,
+                what="Prometheus to scrape every process",
                 interval=0.2,
+                retry_on=(Exception,),
             )
             started = time.time()
             obs = Observed(lf, prom, started)
             _traffic(lf, prom, obs.rings)
             done = time.time()
             wait_for(
-                "two scrapes after the traffic",
                 lambda: prom.scraped_since(done),
-                30,
+                timeout=30,
+                what="two scrapes after the traffic",
                 interval=0.2,
+                retry_on=(Exception,),
             )
             yield obs
         except BaseException:
@@ -279,13 +295,14 @@ def test_prometheus_loads_and_evaluates_every_alert_rule(observed: Observed) -> 
     rules = {r["name"]: r for g in groups for r in g["rules"] if r["type"] == "alerting"}
     assert set(rules) == {a.name for a in monitoring.alerts()}
     wait_for(
-        "every rule to be evaluated",
         lambda: all(
             r.get("lastEvaluation", "").startswith("20")
             for g in observed.prom.api("rules")["groups"]
             for r in g["rules"]
         ),
-        30,
+        timeout=30,
+        what="every rule to be evaluated",
+        retry_on=(Exception,),
     )
     for g in observed.prom.api("rules")["groups"]:
         for r in g["rules"]:

@@ -18,7 +18,8 @@ import pytest
 
 from fleetkit import monitoring
 from fleetkit.fleet import require_redis
-from mcpfleet.server.dev.fleet import free_port, wait_for
+from mcpfleet.server.dev.fleet import free_port
+from mcpfleet.server.dev.wait import wait_for
 
 DEV = [sys.executable, "-m", "mcpfleet.server.cli", "dev", "--replicas", "1"]
 
@@ -54,7 +55,13 @@ class Dev:
             return bool(found)
 
         try:
-            wait_for(f"mcpfleet dev to print {pattern!r}", seen, timeout, interval=0.1)
+            wait_for(
+                seen,
+                timeout=timeout,
+                what=f"mcpfleet dev to print {pattern!r}",
+                interval=0.1,
+                retry_on=(Exception,),
+            )
         except Exception:
             print("\n".join(self.lines))
             raise
@@ -104,7 +111,12 @@ def test_dev_starts_prometheus_scraping_the_fleet_with_the_rules_loaded(dev_dir:
                 active = json.loads(resp.read())["data"]["activeTargets"]
             return sum(t["health"] == "up" for t in active) == 2
 
-        wait_for("Prometheus to scrape the replica and the router", targets_up, 60)
+        wait_for(
+            targets_up,
+            timeout=60,
+            what="Prometheus to scrape the replica and the router",
+            retry_on=(Exception,),
+        )
         with urllib.request.urlopen(url + "/api/v1/rules", timeout=5) as resp:
             groups = json.loads(resp.read())["data"]["groups"]
         names = {r["name"] for g in groups for r in g["rules"]}

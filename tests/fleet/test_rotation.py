@@ -10,7 +10,8 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
+from mcpfleet.server.dev.wait import wait_for
 
 from .conftest import shared
 
@@ -107,7 +108,12 @@ def test_a_token_of_another_audience_is_refused(rotating_fleet: LocalFleet, tmp_
     )
     other.start(rotating_fleet.env())
     try:
-        wait_for("the other service", lambda: http_ok(f"http://127.0.0.1:{port}/readyz"), 30)
+        wait_for(
+            lambda: http_ok(f"http://127.0.0.1:{port}/readyz"),
+            timeout=30,
+            what="the other service",
+            retry_on=(Exception,),
+        )
         token, replica = _first_round(f"http://127.0.0.1:{port}/mcp")
         assert replica == "other"
         error = _replay(rotating_fleet.url, token)

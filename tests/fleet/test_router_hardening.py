@@ -15,6 +15,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,7 +27,8 @@ import redis
 from fleetkit.fleet import local_fleet, require_redis
 from fleetkit.wire import initialize_body
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
-from mcpfleet.server.dev.fleet import LocalFleet, free_port, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, free_port
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.router.proxy import Router, RouterConfig
 
 from .conftest import watched
@@ -54,7 +56,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return False
 
     try:
-        wait_for("redis-server to answer", pong, 15)
+        wait_for(pong, timeout=15, what="redis-server to answer", retry_on=(Exception,))
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         client.close()
@@ -391,3 +393,67 @@ def test_a_replica_reached_directly_refuses_rebinding_too(
         fine = http.post(direct, content=initialize_body("local"), headers=local)
     assert hostile.status_code == status, hostile.text
     assert fine.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def crowded_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+    """A router that holds at most two client connections at once."""
+    with local_fleet(
+        tmp_path_factory.mktemp("crowded"),
+        replicas=1,
+        router_args=("--max-connections", "2", "--header-timeout", "60"),
+    ) as lf:
+        yield lf
+
+
+def test_connections_past_the_limit_get_a_json_rpc_503_at_once(crowded_fleet: LocalFleet) -> None:
+    port = crowded_fleet.router_ports[0]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(2)]
+    try:
+        # Two idle connections fill the router: a third is answered and closed
+        # before it sends a byte, without waiting for any header deadline.
+        with _raw(crowded_fleet) as sock:
+            started = time.monotonic()
+            answer = _read_all(sock)
+            waited = time.monotonic() - started
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), head
+        assert b"retry-after: 1" in head.lower()
+        assert b"x-mcpfleet-router-error: 1" in head.lower()
+        assert json.loads(body)["error"]["message"] == "Router at its connection limit; retry"
+        assert waited < 5
+        # A held connection still works: the limit refuses new ones, not these.
+        held[0].sendall(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        assert _read_all(held[0]).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held:
+            sock.close()
+
+    # Once they are gone, new clients are served again.
+    def served() -> bool:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+
+    assert wait_for(
+        served, timeout=10, what="the router to serve again", retry_on=(httpx.HTTPError,)
+    )
+
+
+def test_max_connections_must_be_a_positive_integer() -> None:
+    for bad in ("0", "-3", "many"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mcpfleet.server.cli",
+                "router",
+                "--redis",
+                "redis://127.0.0.1:1/0",
+                "--max-connections",
+                bad,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "--max-connections" in proc.stderr

@@ -18,7 +18,8 @@ from fleetkit.fleet import local_fleet
 from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
-from mcpfleet.server.dev.fleet import LocalFleet, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.server.dev.wait import wait_for
 
 from .conftest import watched
 
@@ -164,9 +165,10 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
         outage = time.monotonic()
         await asyncio.to_thread(
             wait_for,
-            "the router to report degraded",
             lambda: httpx.get(lf.url.replace("/mcp", "/readyz"), timeout=1).json()["degraded"],
-            10,
+            timeout=10,
+            what="the router to report degraded",
+            retry_on=(Exception,),
         )
         # Cached sessions keep routing: half of them finish during the outage.
         for p in people[:2]:
@@ -189,15 +191,17 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
         await asyncio.to_thread(lf.start_redis)  # back, and empty
         await asyncio.to_thread(
             wait_for,
-            "every replica to re-register",
             lambda: len(lf.attestations()) == 3,
-            15,
+            timeout=15,
+            what="every replica to re-register",
+            retry_on=(Exception,),
         )
         await asyncio.to_thread(
             wait_for,
-            "the router to recover",
             lambda: not httpx.get(lf.url.replace("/mcp", "/readyz"), timeout=1).json()["degraded"],
-            15,
+            timeout=15,
+            what="the router to recover",
+            retry_on=(Exception,),
         )
         for p in people[2:]:
             p.release.set()
@@ -211,9 +215,10 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
                 key = keys.session(sid)
                 await asyncio.to_thread(
                     wait_for,
-                    f"session {sid[:8]} back in Redis",
                     lambda key=key: client.get(key) is not None,
-                    10,
+                    timeout=10,
+                    what=f"session {sid[:8]} back in Redis",
+                    retry_on=(Exception,),
                 )
         finally:
             client.close()

@@ -14,7 +14,8 @@ import pytest
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import LocalFleet, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.server.dev.wait import wait_for
 
 from .conftest import shared
 
@@ -84,18 +85,20 @@ async def test_a_client_leaving_mid_stream_tears_the_upstream_request_down(
     call = asyncio.create_task(held_call())
     await asyncio.to_thread(
         wait_for,
-        "the held request to reach a replica",
         lambda: sum(_inflight(lf).values()) >= 1,
-        10,
+        timeout=10,
+        what="the held request to reach a replica",
+        retry_on=(Exception,),
     )
     call.cancel()  # closes the client's connection mid-request
     with pytest.raises(asyncio.CancelledError):
         await call
     await asyncio.to_thread(
         wait_for,
-        "every replica to drop the abandoned request",
         lambda: sum(_inflight(lf).values()) == 0,
-        15,
+        timeout=15,
+        what="every replica to drop the abandoned request",
+        retry_on=(Exception,),
     )
     status = httpx.get(lf.url.replace("/mcp", "/readyz"), timeout=2).json()
     assert status["serving"] == 2

@@ -26,7 +26,8 @@ import httpx
 
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
 from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import LocalFleet, free_port, wait_for
+from mcpfleet.server.dev.fleet import LocalFleet, free_port
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.keys.codec import ReloadableCodec
 from mcpfleet.server.keys.ring import KeyRing
 
@@ -230,7 +231,12 @@ def start_plain_fastmcp(work: Path) -> tuple[subprocess.Popen[bytes], str]:
         resp = httpx.post(url, content=BODY, headers=HEADERS, timeout=2)
         return resp.status_code == 200
 
-    wait_for("plain FastMCP under uvicorn to answer", answers, 60)
+    wait_for(
+        answers,
+        timeout=60,
+        what="plain FastMCP under uvicorn to answer",
+        retry_on=(httpx.HTTPError,),
+    )
     return proc, url
 
 
@@ -300,7 +306,12 @@ http {{
     proc = subprocess.Popen(
         [nginx, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_for("nginx", lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200, 15)
+    wait_for(
+        lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,
+        timeout=15,
+        what="nginx",
+        retry_on=(httpx.HTTPError,),
+    )
     return proc, port
 
 

@@ -47,6 +47,10 @@ from kubernetes import client as k8s
 
 from fleetkit.certs import CertificateAuthority, key_pem, new_signing_key, public_key_pem
 
+# The one wait helper, re-exported for the rigs that import it from here.
+from mcpfleet.server.dev.wait import WaitTimeout as WaitTimeout
+from mcpfleet.server.dev.wait import wait_for as wait_for
+
 T = TypeVar("T")
 
 #: Tools a :class:`ControlPlane` cannot run without.
@@ -128,29 +132,6 @@ def free_port() -> int:
         s.bind((LOOPBACK, 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_for(
-    condition: Callable[[], T | None],
-    *,
-    timeout: float,
-    interval: float = 0.05,
-    what: str = "condition",
-) -> T:
-    """Poll ``condition`` until it returns something truthy; TimeoutError after ``timeout``.
-
-    The value returned is the truthy result, so ``wait_for`` doubles as "fetch
-    when available". Exceptions from ``condition`` propagate: a condition that
-    can legitimately fail while waiting must catch its own errors.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def tail(path: Path, lines: int = 40) -> str:

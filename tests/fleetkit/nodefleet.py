@@ -53,7 +53,6 @@ from mcpfleet.server.contract import (
     KEYRING_NUDGE_ANNOTATION,
 )
 from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc
-from mcpfleet.server.dev.fleet import wait_for as fleet_wait
 from mcpfleet.server.keys.ring import KeyRing
 
 SERVER_COMPONENT = "server"
@@ -142,7 +141,12 @@ class NodeFleet(LocalFleet):
             self.workdir / "redis.log",
         )
         self.redis.start(self.env())
-        fleet_wait("redis-server to answer PING", self._redis_ping, timeout)
+        wait_for(
+            self._redis_ping,
+            timeout=timeout,
+            what="redis-server to answer PING",
+            retry_on=(OSError,),
+        )
 
     def stop(self) -> None:
         for proc in self.router_procs:

@@ -164,13 +164,25 @@ def test_password_file_errors_are_clear(tmp_path: Path) -> None:
         settings(f"redis://u:{SECRET}@h/0", RedisFiles(password_file=good))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_password_file_is_refused(tmp_path: Path) -> None:
+def test_an_unreadable_password_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     locked = tmp_path / "locked"
     locked.write_text(SECRET)
     locked.chmod(0)
-    with pytest.raises(RedisConfigError, match="not readable"):
+    if os.geteuid() == 0:
+        # Root reads any file: let the OS refuse this one read as it would anyone else.
+        read_text = Path.read_text
+
+        def refuse(self: Path, *args: object, **kwargs: object) -> str:
+            if self == locked:
+                raise PermissionError(13, "Permission denied", str(self))
+            return read_text(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Path, "read_text", refuse)
+    with pytest.raises(RedisConfigError, match=r"not readable \(permission denied\)") as info:
         settings("redis://u@h/0", RedisFiles(password_file=locked))
+    assert SECRET not in str(info.value)
 
 
 def test_the_password_file_is_read_at_every_connection(tmp_path: Path) -> None:

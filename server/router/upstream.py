@@ -1,0 +1,272 @@
+"""The router's upstream side: one HTTP request to one replica, and its relay.
+
+:class:`Upstream` only forwards. It opens the request (headers translated,
+one retry on a fresh connection when a pooled one proves stale), and relays
+the response body chunk by chunk until either side ends. Choosing the
+replica, counting requests in flight, recording sessions and timing live
+around it, in :class:`~mcpfleet.server.router.proxy.Router`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import errno
+import logging
+
+import aiohttp
+from starlette.types import Message, Receive, Scope, Send
+
+from mcpfleet.server.contract import DRAINING_HEADER, REPLICA_HEADER, ROUTER_ERROR_HEADER
+
+log = logging.getLogger("mcpfleet.router")
+
+#: Headers that describe one hop, never forwarded (RFC 9110 section 7.6.1), and
+#: ``host``, which names the router; the upstream client sets the replica's own.
+#: Headers only fleet components may set are in ``_CLIENT_MAY_NOT_SET``.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+_CLIENT_MAY_NOT_SET = frozenset(
+    {REPLICA_HEADER.lower(), DRAINING_HEADER.lower(), ROUTER_ERROR_HEADER.lower()}
+)
+#: Replica response headers the router replaces with its own (uvicorn adds them
+#: to every response): forwarding them too would repeat them.
+_REPLACED_BY_ROUTER = frozenset({"date", "server"})
+
+
+class Failure(enum.StrEnum):
+    """Why a forward produced no upstream status; the values are metric labels."""
+
+    REFUSED = "refused"  # the replica refused the connection: it is not listening
+    TIMEOUT = "timeout"  # no connection within connect_timeout: maybe overloaded
+    DRAINING = "draining"  # the replica declined the request before any work
+    DISCONNECTED = "disconnected"  # the client went away first
+    UPSTREAM_BROKE = "upstream_broke"  # the replica's response broke off midway
+
+    @property
+    def nothing_processed(self) -> bool:
+        """True if the replica certainly did no work: the request may go elsewhere."""
+        return self in (Failure.REFUSED, Failure.TIMEOUT, Failure.DRAINING)
+
+
+class Dropped(Exception):
+    """The replica accepted the connection, then failed before answering.
+
+    The request may or may not have been processed, so it is never resent.
+    """
+
+
+def forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The client's request headers as the replica should see them."""
+    connection_listed: set[str] = set()
+    for k, v in raw:
+        if k.lower() == b"connection":
+            connection_listed |= {t.strip().lower() for t in v.decode("latin-1").split(",")}
+    out = []
+    for k, v in raw:
+        name = k.decode("latin-1").lower()
+        if name in HOP_BY_HOP or name in connection_listed or name in _CLIENT_MAY_NOT_SET:
+            continue
+        out.append((name, v.decode("latin-1")))
+    return out
+
+
+def response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tuple[bytes, bytes]]:
+    """The replica's response headers as the client should see them.
+
+    Hop-by-hop headers are dropped, and so are ``date``/``server`` (the router
+    sets its own). A ``location`` pointing at the replica's own address (the
+    app's trailing-slash redirect) is made relative, so a client that follows
+    it comes back through the router instead of going around it.
+    """
+    drop = HOP_BY_HOP | _REPLACED_BY_ROUTER
+    drop |= {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
+    out = []
+    for k, v in resp.raw_headers:
+        name = k.decode("latin-1").lower()
+        if name in drop:
+            continue
+        if name == "location" and v.decode("latin-1").startswith(replica_base + "/"):
+            v = v[len(replica_base) :]
+        out.append((k, v))
+    return out
+
+
+def _stale_connection(exc: aiohttp.ClientError) -> bool:
+    """True for a connection closed or reset before any response: on a pooled keep-alive
+    connection this means the replica never read the request (it closed the idle
+    connection, or its process is gone), so one retry on a fresh connection is safe."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (
+        errno.ECONNRESET,
+        errno.EPIPE,
+    )
+
+
+class Upstream:
+    """The router's HTTP client to the replicas: open a request, relay its response."""
+
+    def __init__(self, connect_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self.http: aiohttp.ClientSession | None = None
+        #: Used only to retry a request whose pooled connection proved stale.
+        self.fresh_http: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        # Idle upstream connections are dropped well before a replica would close
+        # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
+        self.http = self._client_session(
+            aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=5.0)
+        )
+        self.fresh_http = self._client_session(aiohttp.TCPConnector(force_close=True))
+
+    def _client_session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            # Only connecting is bounded: streams may stay open for as long as they live.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        for http in (self.http, self.fresh_http):
+            if http is not None:
+                await http.close()
+
+    async def open(
+        self, scope: Scope, name: str, address: str, body: bytes
+    ) -> aiohttp.ClientResponse | Failure:
+        """Send the client's request to replica ``name`` at ``address``.
+
+        Returns once the response headers arrived, or the :class:`Failure`
+        that proves the replica did no work (refused, timed out connecting).
+        Raises :class:`Dropped` when it failed after accepting the connection.
+        """
+        url = address + scope["raw_path"].decode("latin-1")
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        headers = forward_headers(scope["headers"])
+        client = scope.get("client")
+        if client:
+            headers.append(("x-forwarded-for", client[0]))
+        try:
+            return await self._send(name, scope["method"], url, headers, body)
+        except TimeoutError:
+            log.warning(
+                "replica %s did not accept a connection within %.1fs", name, self.connect_timeout
+            )
+            return Failure.TIMEOUT
+        except aiohttp.ClientConnectorError as exc:
+            log.info("replica %s refused the connection: %s", name, exc.os_error)
+            return Failure.REFUSED
+        except aiohttp.ClientError as exc:
+            log.warning("replica %s failed before answering: %s: %s", name, type(exc).__name__, exc)
+            raise Dropped(f"Replica {name} dropped the connection: {type(exc).__name__}") from exc
+
+    async def _send(
+        self, name: str, method: str, url: str, headers: list[tuple[str, str]], body: bytes
+    ) -> aiohttp.ClientResponse:
+        """A pooled connection the replica closed or reset before answering is
+        retried once on a fresh connection: then a live replica answers, and a
+        dead one refuses, which the caller turns into the spec's 404 at once."""
+        assert self.http is not None and self.fresh_http is not None
+        try:
+            return await self.http.request(
+                method, url, headers=headers, data=body or None, allow_redirects=False
+            )
+        except aiohttp.ClientConnectorError:
+            raise
+        except aiohttp.ClientError as exc:
+            if not _stale_connection(exc):
+                raise
+            log.info("replica %s: pooled connection %s; retrying fresh", name, type(exc).__name__)
+        return await self.fresh_http.request(
+            method, url, headers=headers, data=body or None, allow_redirects=False
+        )
+
+    async def relay(
+        self, upstream: aiohttp.ClientResponse, address: str, receive: Receive, send: Send
+    ) -> int | Failure:
+        """Relay the opened response to the client, then release or close it.
+
+        Returns the status relayed whole, :attr:`Failure.DISCONNECTED` if the
+        client went away first (the upstream is then closed too), or
+        :attr:`Failure.UPSTREAM_BROKE` if the replica's body broke off: then the
+        client's response is left unfinished and the server aborts the
+        connection, so the client sees a broken stream, never a normal end.
+        """
+        result: int | Failure = Failure.UPSTREAM_BROKE
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": upstream.status,
+                    "headers": response_headers(upstream, address),
+                }
+            )
+            ended = await _pump(upstream, receive, send)
+            result = upstream.status if ended is None else ended
+            return result
+        finally:
+            if isinstance(result, int):
+                upstream.release()  # complete: back to the pool
+            else:
+                upstream.close()  # tear the upstream request down
+
+    @staticmethod
+    async def decline(upstream: aiohttp.ClientResponse) -> None:
+        """Finish a response the router does not relay (a draining replica's 503)."""
+        try:
+            await upstream.read()
+        finally:
+            upstream.release()
+
+
+async def _pump(upstream: aiohttp.ClientResponse, receive: Receive, send: Send) -> Failure | None:
+    """Copy the upstream body to the client chunk by chunk until either side ends."""
+
+    async def copy() -> bool:
+        try:
+            async for chunk in upstream.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("upstream stream broke off: %s", type(exc).__name__)
+            return False
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+
+    async def client_gone() -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    copier = asyncio.ensure_future(copy())
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({copier, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (copier, watcher):
+            task.cancel()
+        for task in (copier, watcher):
+            with contextlib.suppress(asyncio.CancelledError, OSError, RuntimeError):
+                await task
+    if not copier.done() or copier.cancelled() or copier.exception() is not None:
+        return Failure.DISCONNECTED
+    return None if copier.result() else Failure.UPSTREAM_BROKE
