@@ -28,7 +28,7 @@ from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
 from fleetkit.wire import initialize_body
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
-from mcpfleet.server.dev.fleet import wait_for
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.registry import connect, read_replicas, read_replicas_sync
 
 from .conftest import shared
@@ -104,7 +104,9 @@ def test_a_session_route_is_refreshed_under_the_router_user(
             ping = '{"jsonrpc":"2.0","id":2,"method":"ping"}'
             answer = http.post(blue.url, content=ping, headers={**headers, SESSION_HEADER: session})
             assert answer.status_code == 200, answer.text
-            wait_for("the route's TTL to be refreshed", lambda: admin.pttl(key) > before, 5)
+            wait_for(
+                lambda: admin.pttl(key) > before, timeout=5, what="the route's TTL to be refreshed"
+            )
 
 
 async def test_a_rotation_under_load_with_every_component_under_its_acl_user(
@@ -120,12 +122,12 @@ def test_a_drained_replica_withdraws_its_record_under_the_replica_user(
     keys = RedisKeys("blue")
     with contextlib.closing(server.admin()) as admin:
         wait_for(
-            "replica-2 to withdraw its record and its name",
             lambda: (
                 admin.get(keys.replica("replica-2")) is None
                 and b"replica-2" not in admin.smembers(keys.replicas)
             ),
-            30,
+            timeout=30,
+            what="replica-2 to withdraw its record and its name",
         )
 
 
@@ -197,9 +199,9 @@ def test_the_redis_password_rotates_without_a_restart(
         admin.execute_command("CLIENT", "KILL", "USER", user)
         admin.execute_command("ACL", "SETUSER", user, f"<{old}")
         wait_for(
-            "the router to reconnect with the new password",
             lambda: any(c["user"] == user for c in admin.client_list()),
-            10,
+            timeout=10,
+            what="the router to reconnect with the new password",
         )
         session, owner = _open_session(blue.url)
         # Written under the new password: the route is in Redis.
@@ -219,7 +221,7 @@ def test_a_vanished_password_file_degrades_the_router_and_loses_nothing(
     try:
         with contextlib.closing(server.admin()) as admin:
             admin.execute_command("CLIENT", "KILL", "USER", user)
-        wait_for("the router to report degraded", lambda: _router_degraded(blue), 10)
+        wait_for(lambda: _router_degraded(blue), timeout=10, what="the router to report degraded")
         log = blue.router_procs[0].tail(200)
         assert f"Redis password file {password_file} does not exist" in log
         assert saved.strip() not in log
@@ -228,7 +230,7 @@ def test_a_vanished_password_file_degrades_the_router_and_loses_nothing(
         assert answer.status_code == 200 and answer.headers["x-mcpfleet-replica"] == owner
     finally:
         password_file.write_text(saved)
-    wait_for("the router to leave degraded", lambda: not _router_degraded(blue), 10)
+    wait_for(lambda: not _router_degraded(blue), timeout=10, what="the router to leave degraded")
     assert _ping(blue.url, session).status_code == 200
 
 

@@ -34,6 +34,7 @@ import redis
 from fleetkit import scenarios
 from fleetkit.redisrig import (
     MASTER,
+    NOT_YET,
     RedisFleet,
     RedisServer,
     Sentinels,
@@ -44,7 +45,7 @@ from fleetkit.wire import initialize_body
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import wait_for
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.registry import read_replicas_sync
 
 FLEET = "failover"
@@ -91,7 +92,12 @@ def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]
     setup: SentinelFleet | None = None
     try:
         replica.start()
-        wait_for("the replica's link to the master", lambda: _link_up(replica), 30)
+        wait_for(
+            lambda: _link_up(replica),
+            timeout=30,
+            what="the replica's link to the master",
+            retry_on=NOT_YET,
+        )
         group.start()
         group.wait_replicas_known(1)
         servers = {master.port: master, replica.port: replica}
@@ -249,7 +255,13 @@ async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> Failov
 
 async def _until(what: str, check: object, timeout: float = 60) -> None:
     """Wait for ``check()`` off the event loop thread, so the load keeps running."""
-    await asyncio.to_thread(wait_for, what, check, timeout)  # type: ignore[arg-type]
+    await asyncio.to_thread(
+        wait_for,
+        check,  # type: ignore[arg-type]
+        timeout=timeout,
+        what=what,
+        retry_on=NOT_YET,
+    )
 
 
 def _routers_back(lf: RedisFleet) -> bool:
