@@ -384,7 +384,7 @@ def _check_tls_files(files: RedisFiles) -> None:
         ) from None
 
 
-def read_url_argument(value: str, *, source: Source, flag: str = "--redis") -> tuple[str, Source]:
+def read_url_argument(value: str, *, source: Source) -> tuple[str, Source]:
     """``@FILE`` means the URL is in FILE (where it may carry a password)."""
     if value.startswith("@"):
         path = Path(value[1:])
@@ -403,7 +403,7 @@ def from_options(
     flag: str = "--redis",
 ) -> RedisSettings:
     """Settings from a component's flags (``value`` is a URL or ``@FILE``)."""
-    url, source = read_url_argument(value, source=source, flag=flag)
+    url, source = read_url_argument(value, source=source)
     return settings(
         url,
         RedisFiles(password_file, ca_file, cert_file, key_file),

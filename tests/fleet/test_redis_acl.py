@@ -234,6 +234,21 @@ def test_a_vanished_password_file_degrades_the_router_and_loses_nothing(
     assert _ping(blue.url, session).status_code == 200
 
 
+def test_no_password_is_in_a_log_or_a_process_argument(blue: RedisFleet) -> None:
+    passwords = [path.read_text().strip() for _, path in blue.users.values()]
+    logs = [p.read_text(errors="replace") for p in blue.workdir.glob("*.log")]
+    procs = [m.proc for m in blue.members.values()] + blue.router_procs
+    argvs = [
+        Path(f"/proc/{proc.popen.pid}/cmdline").read_bytes().decode(errors="replace")
+        for proc in procs
+        if proc.alive and proc.popen is not None
+    ]
+    assert len(logs) >= 4 and len(argvs) >= 3
+    for password in passwords:
+        assert not any(password in text for text in logs + argvs)
+    assert all("--redis-password-file" in argv for argv in argvs)
+
+
 @pytest.mark.parametrize("component", REDIS_COMPONENTS)
 def test_a_command_outside_the_rules_is_refused(
     blue: RedisFleet, server: RedisServer, component: str
