@@ -467,6 +467,28 @@ def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
     return redis.Redis(**_plain_kwargs(s, timeout))
 
 
+async def follow_master(client: Any) -> bool:
+    """For a Sentinel client, ask the sentinels where the master is now; True if it moved.
+
+    redis-py's Sentinel pool asks only when it opens a connection, so a
+    demoted master that keeps its clients (``SENTINEL FAILOVER``: the old
+    master is reconfigured seconds later) would go on taking writes that are
+    then lost. On a move every connection is dropped, in use or not: the next
+    command goes to the new master. Asks the sentinels only (no command to
+    Redis, no ACL rule); a plain client returns False at once. Raises a
+    RedisError when no sentinel answers.
+    """
+    pool = client.connection_pool
+    if not hasattr(pool, "get_master_address"):
+        return False
+    before = pool.master_address
+    now = await pool.get_master_address()
+    if before is None or tuple(before) == tuple(now):
+        return False
+    await pool.disconnect(inuse_connections=True)
+    return True
+
+
 def _sentinel_kwargs(conn: dict[str, Any]) -> dict[str, Any]:
     """The sentinels are reached with the master's timeouts and TLS, without its credentials."""
     return {

@@ -45,7 +45,7 @@ from fleetkit.wire import initialize_body
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.server.dev.wait import WaitTimeout, wait_for
 from mcpfleet.server.registry import read_replicas_sync
 
 FLEET = "failover"
@@ -338,3 +338,54 @@ if __name__ == "__main__":
     rows = failover_rows("--quick" in sys.argv)
     for row in rows:
         print(" | ".join(row))
+
+
+async def graceful_failover(setup: SentinelFleet, sessions: int = 3) -> tuple[int, int]:
+    """``SENTINEL FAILOVER`` (an upgrade, say) with replication held back.
+
+    The old master stays up and is demoted; Sentinel drops its clients, which
+    reconnect to the new master at once, often without a single failed
+    command: no outage for a router to notice. The routes the old master
+    acknowledged are lost all the same, unless written back. Returns
+    (unreplicated, present on the new master a few seconds later).
+    """
+    lf = setup.fleet
+    keys = RedisKeys(FLEET)
+    urls = [lf.router_url(0), lf.router_url(1)]
+    setup.master.hold_replication()
+    await _until("the replica to lose its link", lambda: not _link_up(setup.replica), 10)
+    unreplicated = kept = 0
+    async with httpx.AsyncClient(timeout=10) as http:
+        opened: dict[str, str] = {}
+        for _ in range(sessions):
+            resp = await http.post(urls[0], content=initialize_body("graceful"), headers=HEADERS)
+            assert resp.status_code == 200, resp.text
+            opened[resp.headers[SESSION_HEADER]] = resp.headers["x-mcpfleet-replica"]
+        with contextlib.closing(setup.replica.admin()) as on_replica:
+            unreplicated = sum(on_replica.get(keys.session(s)) is None for s in opened)
+        port = setup.sentinels.ports[0]
+        with contextlib.closing(redis.Redis(port=port, socket_timeout=2)) as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", MASTER)
+        await _until(
+            "Sentinel to promote the replica",
+            lambda: setup.sentinels.master_port() == setup.replica.port,
+            30,
+        )
+        await _until(
+            "every replica to be attested on the new master",
+            lambda: set(_attested(setup.replica, keys)) == {"replica-0", "replica-1"},
+            30,
+        )
+
+        # Every router's connections moved to the new master (the old one dropped them).
+        # The routes must be there, whatever router (or a new one) is asked next.
+        def present() -> int:
+            with contextlib.closing(setup.replica.admin()) as on_new:
+                return sum(on_new.get(keys.session(s)) is not None for s in opened)
+
+        with contextlib.suppress(WaitTimeout):
+            await asyncio.to_thread(
+                wait_for, lambda: present() == len(opened), timeout=5, what="routes written back"
+            )
+        kept = present()
+    return unreplicated, kept
