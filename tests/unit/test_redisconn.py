@@ -344,3 +344,11 @@ def test_sentinel_clients_reach_the_sentinels_over_tls_without_the_masters_crede
             assert sentinel.connection_pool.connection_class is sentinel_class
             assert kwargs["ssl_ca_certs"] == str(ca_file)
             assert not any(kwargs.get(k) for k in ("username", "password", "credential_provider"))
+
+
+async def test_following_the_master_is_a_no_op_without_sentinel() -> None:
+    client = redisconn.async_client(settings("redis://127.0.0.1:1/0"), timeout=0.1)
+    try:
+        assert await redisconn.follow_master(client) is False
+    finally:
+        await client.aclose()
