@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node
+.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ venv: $(STAMP)
 # Debian packages the fleet needs (redis-server, redis-sentinel, prometheus): installed if missing.
 deps:
 	bash hack/ensure-debs.sh
+
+# What make bench starts besides the fleet (wrk, nginx); the fleet tier checks
+# the wrk script against a real replica.
+bench-deps:
+	bash hack/ensure-debs.sh bench
 
 # Kubernetes tools (helm, etcd, kube-apiserver, ...) built from the pinned Go module.
 tools:
@@ -49,13 +54,13 @@ typecheck: venv
 # elsewhere its tests skip with the reason (with CI=true they fail).
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image)
 
-test: venv deps tools lint typecheck conformance-suite $(NODE_PREREQS)
+test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS)
 	$(PY) -m pytest tests
 
 test-unit: venv
 	$(PY) -m pytest tests -m unit
 
-test-fleet: venv deps
+test-fleet: venv deps bench-deps
 	$(PY) -m pytest tests -m fleet
 
 test-controlplane: venv deps tools
@@ -81,8 +86,7 @@ test-conformance: venv deps conformance-suite
 	$(PY) -m pytest tests -m conformance
 
 # Speed and memory, measured side by side (router vs direct vs nginx); prints a table.
-bench: venv deps
-	bash hack/ensure-debs.sh nginx
+bench: venv deps bench-deps
 	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
 
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;

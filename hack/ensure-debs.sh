@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the fleet and its tests start for real
 # (redis-server, redis-sentinel, prometheus/promtool), only where they are missing.
-# Extra package names may be given (make bench adds nginx, its baseline proxy),
-# and two groups by name:
+# Extra package names may be given, and three groups by name:
+#   bench  what `make bench` starts besides the fleet (nginx, the baseline
+#          proxy; wrk, the compiled load generator for the hot-path figures);
 #   image  what `make image` needs without a Docker engine (buildah, runc,
 #          mmdebstrap to make the base from the machine's own apt mirror);
 #   node   what the node tier runs besides the built Kubernetes tools
@@ -17,6 +18,11 @@ for pkg in "$@"; do
     # Groups look for the commands, not the package names: a machine with
     # Docker's containerd.io already has containerd and runc, and Debian's
     # packages would conflict with it.
+    bench)
+      pkgs=()
+      command -v wrk >/dev/null || pkgs+=(wrk)
+      command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || pkgs+=(nginx)
+      ;;
     image)
       pkgs=()
       command -v buildah >/dev/null || pkgs+=(buildah)

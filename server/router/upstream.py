@@ -45,6 +45,12 @@ _CLIENT_MAY_NOT_SET = frozenset(
 #: Replica response headers the router replaces with its own (uvicorn adds them
 #: to every response): forwarding them too would repeat them.
 _REPLACED_BY_ROUTER = frozenset({"date", "server"})
+#: A response body with a Content-Length up to this many bytes (every JSON answer
+#: of a modern round) is read whole and sent in one message, without the pump's
+#: two tasks per request: the largest share of the router's own per-request CPU
+#: that is not a system call (``make bench`` measures both ways side by side).
+#: Streams (SSE: no Content-Length) and larger bodies are always pumped.
+WHOLE_BODY_LIMIT = 256 * 1024
 
 
 class Failure(enum.StrEnum):
@@ -220,7 +226,11 @@ class Upstream:
                     "headers": response_headers(upstream, address),
                 }
             )
-            ended = await _pump(upstream, receive, send)
+            length = upstream.content_length
+            if length is not None and length <= WHOLE_BODY_LIMIT:
+                ended = await _relay_whole(upstream, send)
+            else:
+                ended = await _pump(upstream, receive, send)
             result = upstream.status if ended is None else ended
             return result
         finally:
@@ -236,6 +246,23 @@ class Upstream:
             await upstream.read()
         finally:
             upstream.release()
+
+
+async def _relay_whole(upstream: aiohttp.ClientResponse, send: Send) -> Failure | None:
+    """Relay a body of known, bounded length in one message.
+
+    The replica finished its work before it could state the length, so there is
+    nothing to tear down if the client leaves meanwhile (uvicorn then drops the
+    send). A body that breaks off leaves the client's response unfinished, as
+    the pump does: the server aborts the connection.
+    """
+    try:
+        body = await upstream.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.info("upstream body broke off: %s", type(exc).__name__)
+        return Failure.UPSTREAM_BROKE
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+    return None
 
 
 async def _pump(upstream: aiohttp.ClientResponse, receive: Receive, send: Send) -> Failure | None:

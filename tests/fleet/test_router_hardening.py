@@ -395,6 +395,108 @@ def test_a_replica_reached_directly_refuses_rebinding_too(
     assert fine.status_code == 200
 
 
+class CutReplica:
+    """Answers every request with a Content-Length it does not keep: ``cut`` bytes of the
+    body, then the connection closes (a replica that crashed mid-answer)."""
+
+    BODY = b'{"jsonrpc":"2.0","id":1,"result":{"text":"' + b"x" * 200 + b'"}}'
+
+    def __init__(self, cut: int | None) -> None:
+        self.cut = cut
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> CutReplica:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                sent = self.BODY if self.cut is None else self.BODY[: self.cut]
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: " + str(len(self.BODY)).encode() + b"\r\n\r\n" + sent
+                )
+                await writer.drain()
+                if self.cut is not None:
+                    break
+        writer.close()
+
+
+async def _asgi_post(router: Router, session: str) -> list[dict[str, object]]:
+    """One POST straight through the router's ASGI interface; every message it sent back."""
+    headers = {**JSON_HEADERS, "mcp-session-id": session, "host": "127.0.0.1:8000"}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/mcp",
+        "raw_path": b"/mcp",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8000),
+    }
+    body_sent = False
+    messages: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        nonlocal body_sent
+        if not body_sent:
+            body_sent = True
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+        await asyncio.Event().wait()  # the client stays: no disconnect
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        messages.append(message)
+
+    await router(scope, receive, send)  # type: ignore[arg-type]
+    return messages
+
+
+async def test_an_answer_with_a_content_length_is_relayed_whole_in_one_message(
+    redis_url: str,
+) -> None:
+    async with CutReplica(cut=None) as fake:
+        _register(redis_url, "whole", f"http://127.0.0.1:{fake.port}", session="whole-session")
+        async with in_process_router(redis_url) as (router, _):
+            messages = await _asgi_post(router, "whole-session")
+    start, *bodies = messages
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert bodies == [{"type": "http.response.body", "body": CutReplica.BODY, "more_body": False}]
+
+
+async def test_an_answer_cut_short_of_its_content_length_is_left_unfinished(
+    redis_url: str,
+) -> None:
+    """The client must see a broken response (uvicorn aborts it), never a normal end."""
+    async with CutReplica(cut=40) as fake:
+        _register(redis_url, "cut", f"http://127.0.0.1:{fake.port}", session="cut-session")
+        async with in_process_router(redis_url) as (router, _):
+            messages = await _asgi_post(router, "cut-session")
+            broke = router.metrics.requests.labels("sticky", "upstream_broke")._value.get()
+    assert messages[0]["type"] == "http.response.start"
+    assert not any(m.get("more_body") is False for m in messages[1:]), messages
+    assert broke == 1
+
+
 @pytest.fixture(scope="module")
 def crowded_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """A router that holds at most two client connections at once."""

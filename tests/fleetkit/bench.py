@@ -24,6 +24,10 @@ from pathlib import Path
 
 import httpx
 
+from fleetkit.hotpath import measure_hot_path
+from fleetkit.loadgen import children
+from fleetkit.profilebench import router_cpu_rows
+from fleetkit.targets import Figures, target_rows
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
 from mcpfleet.server.dev.demo import connect
 from mcpfleet.server.dev.fleet import LocalFleet, free_port
@@ -59,20 +63,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def latency(url: str, n: int) -> list[float]:
-    """Sequential modern rounds (each sealed by a replica): seconds per round."""
-    out = []
-    async with httpx.AsyncClient(timeout=10) as http:
-        for _ in range(10):  # warm-up: connections, caches
-            await http.post(url, content=BODY, headers=HEADERS)
-        for _ in range(n):
-            t = time.perf_counter()
-            resp = await http.post(url, content=BODY, headers=HEADERS)
-            out.append(time.perf_counter() - t)
-            assert resp.status_code == 200, resp.text
-    return out
-
-
 async def spread(url: str, n: int) -> dict[str, int]:
     """Sequential modern rounds through the router: how many each replica served."""
     counts: dict[str, int] = {}
@@ -82,24 +72,6 @@ async def spread(url: str, n: int) -> dict[str, int]:
             name = resp.headers.get("x-mcpfleet-replica", "?")
             counts[name] = counts.get(name, 0) + 1
     return counts
-
-
-async def throughput(url: str, concurrency: int, seconds: float) -> float:
-    """Modern rounds per second with ``concurrency`` clients for ``seconds``."""
-    done = 0
-    deadline = time.perf_counter() + seconds
-
-    async def client() -> None:
-        nonlocal done
-        async with httpx.AsyncClient(timeout=10) as http:
-            while time.perf_counter() < deadline:
-                resp = await http.post(url, content=BODY, headers=HEADERS)
-                if resp.status_code == 200:
-                    done += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started)
 
 
 async def handshake_round_trips(url: str, n: int) -> list[float]:
@@ -350,8 +322,20 @@ def rotation_convergence(lf: LocalFleet) -> float:
     return time.perf_counter() - t
 
 
-async def measure(quick: bool) -> list[Row]:
-    n = 150 if quick else 600
+def fleet_pids(lf: LocalFleet, nginx_pid: int | None) -> dict[str, list[int]]:
+    """The processes whose CPU the bench reports, by role."""
+    pids: dict[str, list[int]] = {
+        "router": [p.popen.pid for p in lf.router_procs if p.popen],
+        "replicas": [m.proc.popen.pid for m in lf.members.values() if m.proc.popen],
+    }
+    if lf.redis is not None and lf.redis.popen is not None:
+        pids["redis"] = [lf.redis.popen.pid]
+    if nginx_pid is not None:
+        pids["nginx"] = [nginx_pid, *children(nginx_pid)]
+    return pids
+
+
+async def measure(quick: bool, results: Figures, scale_only: bool = False) -> list[Row]:
     secs = 3.0 if quick else 8.0
     rows: list[Row] = []
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-"))
@@ -364,8 +348,20 @@ async def measure(quick: bool) -> list[Row]:
         nginx = start_nginx(work, [m.url for m in lf.members.values()])
         if nginx is not None:
             proxies["nginx (round robin)"] = f"http://127.0.0.1:{nginx[1]}/mcp"
-        lat = {name: await latency(url, n) for name, url in proxies.items()}
-        thr = {name: await throughput(url, 16, secs) for name, url in proxies.items()}
+        watch = fleet_pids(lf, nginx[0].pid if nginx else None)
+        hot = await asyncio.to_thread(
+            measure_hot_path,
+            direct,
+            [f"{m.url}/mcp" for m in lf.members.values()],
+            lf.url,
+            proxies.get("nginx (round robin)"),
+            watch,
+            slices=2 if quick else 4,
+            slice_seconds=1 if quick else 2,
+        )
+        results.hot = hot
+        rows += hot.rows()
+        rows += await asyncio.to_thread(router_cpu_rows, lf, quick)
         shares = await spread(lf.url, 90)
         rows.append(
             (
@@ -375,130 +371,101 @@ async def measure(quick: bool) -> list[Row]:
                 "nothing in flight: ties at random",
             )
         )
-        base = lat["direct to one replica"]
-        for name in proxies:
-            p50, p99 = pct(lat[name], 0.5) * 1e3, pct(lat[name], 0.99) * 1e3
+        if not scale_only:
+            plain, plain_url = start_plain_fastmcp(work)
+            try:
+                mcpfleet_rps, plain_rps = await guard_rounds_paired(direct, plain_url, 16, 2 * secs)
+            finally:
+                plain.terminate()
+                plain.wait(10)
             rows.append(
                 (
-                    f"modern round latency, {name}",
-                    f"p50 {p50:.2f} ms / p99 {p99:.2f} ms",
-                    f"p50 x{p50 / (pct(base, 0.5) * 1e3):.2f} of direct",
-                    f"n={n}",
+                    "guard rounds/s, example app under mcpfleet serve",
+                    f"{mcpfleet_rps:.0f}/s",
+                    f"x{mcpfleet_rps / plain_rps:.2f} of plain FastMCP",
+                    "codec, metrics, registry; target >= x0.90",
                 )
             )
-        for name in proxies:
             rows.append(
                 (
-                    f"modern rounds/s, 16 clients, {name}",
-                    f"{thr[name]:.0f}/s",
-                    f"x{thr[name] / thr['direct to one replica']:.2f} of direct",
-                    f"{secs:.0f} s",
-                )
-            )
-        if nginx is not None:
-            vs_nginx = pct(lat["mcpfleet router"], 0.5) / pct(lat["nginx (round robin)"], 0.5)
-            rows.append(
-                (
-                    "router p50 latency vs nginx",
+                    "guard rounds/s, same app as plain FastMCP http_app()",
+                    f"{plain_rps:.0f}/s",
                     "",
-                    f"x{vs_nginx:.2f}",
-                    "same replicas",
+                    "uvicorn, 16 clients, 16 alternating slices",
                 )
             )
-        plain, plain_url = start_plain_fastmcp(work)
-        try:
-            mcpfleet_rps, plain_rps = await guard_rounds_paired(direct, plain_url, 16, 2 * secs)
-        finally:
-            plain.terminate()
-            plain.wait(10)
-        rows.append(
-            (
-                "guard rounds/s, example app under mcpfleet serve",
-                f"{mcpfleet_rps:.0f}/s",
-                f"x{mcpfleet_rps / plain_rps:.2f} of plain FastMCP",
-                "codec, metrics, registry; target >= x0.90",
+            counted, bare = await asyncio.to_thread(middleware_cost, 300 if quick else 2000)
+            rows.append(
+                (
+                    "in-process tool call p50, with / without rounds middleware",
+                    f"{counted:.0f} / {bare:.0f} us",
+                    f"x{counted / bare:.2f}",
+                    "alternating calls, one event loop",
+                )
             )
-        )
-        rows.append(
-            (
-                "guard rounds/s, same app as plain FastMCP http_app()",
-                f"{plain_rps:.0f}/s",
-                "",
-                "uvicorn, 16 clients, 16 alternating slices",
+            hs_direct = await handshake_round_trips(direct, 20 if quick else 60)
+            hs_router = await handshake_round_trips(lf.url, 20 if quick else 60)
+            hs_ratio = statistics.median(hs_router) / statistics.median(hs_direct)
+            rows.append(
+                (
+                    "handshake flow (1 elicitation), direct",
+                    f"p50 {statistics.median(hs_direct) * 1e3:.1f} ms",
+                    "",
+                    "",
+                )
             )
-        )
-        counted, bare = await asyncio.to_thread(middleware_cost, 300 if quick else 2000)
-        rows.append(
-            (
-                "in-process tool call p50, with / without rounds middleware",
-                f"{counted:.0f} / {bare:.0f} us",
-                f"x{counted / bare:.2f}",
-                "alternating calls, one event loop",
+            rows.append(
+                (
+                    "handshake flow (1 elicitation), router",
+                    f"p50 {statistics.median(hs_router) * 1e3:.1f} ms",
+                    f"x{hs_ratio:.2f} of direct",
+                    "",
+                )
             )
-        )
-        hs_direct = await handshake_round_trips(direct, 20 if quick else 60)
-        hs_router = await handshake_round_trips(lf.url, 20 if quick else 60)
-        hs_ratio = statistics.median(hs_router) / statistics.median(hs_direct)
-        rows.append(
-            (
-                "handshake flow (1 elicitation), direct",
-                f"p50 {statistics.median(hs_direct) * 1e3:.1f} ms",
-                "",
-                "",
+            per_replica = hot.throughput["mcpfleet router"].rps / 3
+            rows.append(
+                (
+                    "modern rounds/s per replica (via router)",
+                    f"{per_replica:.0f}/s",
+                    "",
+                    "3 replicas, 2 cores shared",
+                )
             )
-        )
-        rows.append(
-            (
-                "handshake flow (1 elicitation), router",
-                f"p50 {statistics.median(hs_router) * 1e3:.1f} ms",
-                f"x{hs_ratio:.2f} of direct",
-                "",
+            ours, theirs = codec_cost(2000 if quick else 20000)
+            rows.append(
+                (
+                    "seal+unseal, mcpfleet reloadable codec",
+                    f"{ours:.1f} us",
+                    f"x{ours / theirs:.2f} of mcp's codec",
+                    "300-byte state",
+                )
             )
-        )
-        per_replica = thr["mcpfleet router"] / 3
-        rows.append(
-            (
-                "modern rounds/s per replica (via router)",
-                f"{per_replica:.0f}/s",
-                "",
-                "3 replicas, 2 cores shared",
+            rows.append(
+                (
+                    "rotation step convergence (3 replicas)",
+                    f"{rotation_convergence(lf) * 1e3:.0f} ms",
+                    "",
+                    "write -> all attest",
+                )
             )
-        )
-        ours, theirs = codec_cost(2000 if quick else 20000)
-        rows.append(
-            (
-                "seal+unseal, mcpfleet reloadable codec",
-                f"{ours:.1f} us",
-                f"x{ours / theirs:.2f} of mcp's codec",
-                "300-byte state",
+            router_pid = lf.router_procs[0].popen.pid if lf.router_procs[0].popen else 0
+            replica_pid = lf.members["replica-1"].proc.popen.pid  # type: ignore[union-attr]
+            rows.append(
+                (
+                    "RSS router / replica after load",
+                    f"{rss_mib(router_pid):.0f} / {rss_mib(replica_pid):.0f} MiB",
+                    f"x{rss_mib(router_pid) / rss_mib(replica_pid):.2f}",
+                    "",
+                )
             )
-        )
-        rows.append(
-            (
-                "rotation step convergence (3 replicas)",
-                f"{rotation_convergence(lf) * 1e3:.0f} ms",
-                "",
-                "write -> all attest",
+            rows.append(
+                (
+                    "owner death -> first 404",
+                    f"{await death_to_404(lf) * 1e3:.0f} ms",
+                    "",
+                    "target < 2000 ms",
+                )
             )
-        )
-        router_pid = lf.router_procs[0].popen.pid if lf.router_procs[0].popen else 0
-        replica_pid = lf.members["replica-1"].proc.popen.pid  # type: ignore[union-attr]
-        rows.append(
-            (
-                "RSS router / replica after load",
-                f"{rss_mib(router_pid):.0f} / {rss_mib(replica_pid):.0f} MiB",
-                f"x{rss_mib(router_pid) / rss_mib(replica_pid):.2f}",
-                "",
-            )
-        )
-        rows.append(
-            (
-                "owner death -> first 404",
-                f"{await death_to_404(lf) * 1e3:.0f} ms",
-                "",
-                "target < 2000 ms",
-            )
-        )
     finally:
         if nginx is not None:
             nginx[0].terminate()
@@ -523,19 +490,30 @@ def main() -> None:
     parser.add_argument(
         "--no-node", action="store_true", help="skip the node tier's figures (real kubelet)"
     )
+    parser.add_argument(
+        "--scale-only",
+        action="store_true",
+        help="only the load-generator, session, Redis and profile rows (issue 12's figures)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONSAFEPATH", "1")
-    rows = asyncio.run(measure(args.quick))
-    from fleetkit.operatorbench import rotation_rows
+    results = Figures()
+    rows = asyncio.run(measure(args.quick, results, args.scale_only))
+    from fleetkit.sessionbench import measure_sessions
 
-    rows += rotation_rows(1 if args.quick else 3)
-    from fleetkit.failover import failover_rows
+    rows += asyncio.run(measure_sessions(args.quick, results))
+    if not args.scale_only:
+        from fleetkit.operatorbench import rotation_rows
 
-    rows += failover_rows(args.quick)
-    if not args.no_node:
+        rows += rotation_rows(1 if args.quick else 3)
+        from fleetkit.failover import failover_rows
+
+        rows += failover_rows(args.quick)
+    if not args.no_node and not args.scale_only:
         from fleetkit.node_bench import node_rows
 
         rows += node_rows(args.quick)
+    rows += target_rows(results)
     print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print(render(rows))
 
