@@ -89,6 +89,11 @@ test-conformance: venv deps conformance-suite
 bench: venv deps bench-deps
 	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
 
+# The router as it is against the router of an earlier commit (REF), side by side
+# in front of the same replicas: make bench-ref REF=629218f
+bench-ref: venv deps bench-deps
+	PYTHONPATH=tests $(PY) -m fleetkit.refbench $(REF)
+
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
 # alert rules checked and unit-tested with promtool.
 dashboards: venv

@@ -62,7 +62,7 @@ from mcpfleet.operator.rotation import (
 )
 from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION, RedisKeys
 from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.redisconn import RedisSettings, sync_client
+from mcpfleet.server.redisconn import RedisSettings, describe, sync_client
 from mcpfleet.server.registry import read_replicas_sync
 
 log = logging.getLogger("mcpfleet.operator")
@@ -313,7 +313,7 @@ def keyring_tick(
         attested = _attested(rt, ring_spec.fleet)
         redis_error = ""
     except (RedisError, OSError) as exc:
-        attested, redis_error = {}, f"cannot read attestations from Redis: {type(exc).__name__}"
+        attested, redis_error = {}, f"cannot read attestations from Redis: {describe(exc)}"
     conv = converge(_views(pods), attested, ring.kids)
     queue = _queue(indexes["rotation_queue"], namespace, name)
     active = next((q for q in queue if q.phase in ACTIVE_PHASES), None)
@@ -613,9 +613,7 @@ def _advance(
         try:
             attested = _attested(rt, ring_spec.fleet)
         except (RedisError, OSError) as exc:
-            _pending(
-                new, previous, f"cannot read attestations: {type(exc).__name__}", keep=recorded
-            )
+            _pending(new, previous, f"cannot read attestations: {describe(exc)}", keep=recorded)
             _apply_status(patch, previous, new)
             return
         view = current.view()

@@ -384,7 +384,7 @@ def _check_tls_files(files: RedisFiles) -> None:
         ) from None
 
 
-def read_url_argument(value: str, *, source: Source, flag: str = "--redis") -> tuple[str, Source]:
+def read_url_argument(value: str, *, source: Source) -> tuple[str, Source]:
     """``@FILE`` means the URL is in FILE (where it may carry a password)."""
     if value.startswith("@"):
         path = Path(value[1:])
@@ -403,7 +403,7 @@ def from_options(
     flag: str = "--redis",
 ) -> RedisSettings:
     """Settings from a component's flags (``value`` is a URL or ``@FILE``)."""
-    url, source = read_url_argument(value, source=source, flag=flag)
+    url, source = read_url_argument(value, source=source)
     return settings(
         url,
         RedisFiles(password_file, ca_file, cert_file, key_file),
@@ -438,21 +438,13 @@ def async_client(
         conn = s.connection_kwargs(timeout)
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(s.parsed.hosts),
-            sentinel_kwargs=_sentinel_kwargs(conn, aioredis.SSLConnection),
+            sentinel_kwargs=_sentinel_kwargs(conn),
             **conn,
         )
         client: aioredis.Redis = sentinel.master_for(
             s.parsed.master, db=s.parsed.db, decode_responses=False, **extra
         )
         return client
-    if s.parsed.scheme == "unix":
-        kwargs = _plain_kwargs(s, timeout)
-        for key in [k for k in kwargs if k.startswith("ssl")]:
-            kwargs.pop(key)
-        pool = aioredis.ConnectionPool(
-            connection_class=aioredis.UnixDomainSocketConnection, **kwargs, **extra
-        )
-        return aioredis.Redis.from_pool(pool)
     return aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False, **extra)
 
 
@@ -465,34 +457,43 @@ def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
         conn = s.connection_kwargs(timeout)
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(s.parsed.hosts),
-            sentinel_kwargs=_sentinel_kwargs(conn, redis.SSLConnection),
+            sentinel_kwargs=_sentinel_kwargs(conn),
             **conn,
         )
         master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
             s.parsed.master, db=s.parsed.db
         )
         return master
-    if s.parsed.scheme == "unix":
-        kwargs = _plain_kwargs(s, timeout)
-        for key in [k for k in kwargs if k.startswith("ssl")]:
-            kwargs.pop(key)
-        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection, **kwargs)
-        return redis.Redis.from_pool(pool)
     return redis.Redis(**_plain_kwargs(s, timeout))
 
 
-def _sentinel_kwargs(conn: dict[str, Any], ssl_class: type[Any]) -> dict[str, Any]:
-    """The sentinels are reached with the master's timeouts and TLS, no credentials.
+async def follow_master(client: Any) -> bool:
+    """For a Sentinel client, ask the sentinels where the master is now; True if it moved.
 
-    redis-py picks the connection class of a sentinel from ``connection_class``,
-    not from ``ssl``, so TLS needs naming the class.
+    redis-py's Sentinel pool asks only when it opens a connection, so a
+    demoted master that keeps its clients (``SENTINEL FAILOVER``: the old
+    master is reconfigured seconds later) would go on taking writes that are
+    then lost. On a move every connection is dropped, in use or not: the next
+    command goes to the new master. Asks the sentinels only (no command to
+    Redis, no ACL rule); a plain client returns False at once. Raises a
+    RedisError when no sentinel answers.
     """
-    out = {
+    pool = client.connection_pool
+    if not hasattr(pool, "get_master_address"):
+        return False
+    before = pool.master_address
+    now = await pool.get_master_address()
+    if before is None or tuple(before) == tuple(now):
+        return False
+    await pool.disconnect(inuse_connections=True)
+    return True
+
+
+def _sentinel_kwargs(conn: dict[str, Any]) -> dict[str, Any]:
+    """The sentinels are reached with the master's timeouts and TLS, without its credentials."""
+    return {
         k: v for k, v in conn.items() if k not in ("username", "password", "credential_provider")
     }
-    if out.pop("ssl", False):
-        out["connection_class"] = ssl_class
-    return out
 
 
 def describe(exc: BaseException) -> str:

@@ -139,6 +139,8 @@ class Publisher:
         beats = 0
         while True:
             try:
+                # Through Sentinel: write where the master is now, not where it was.
+                await redisconn.follow_master(self.client)
                 await self.publish_once()
                 beats += 1
                 if beats % PRUNE_EVERY == 1:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mcpfleet.server import redisconn
 from mcpfleet.server.contract import Attestation, RedisKeys
 from mcpfleet.server.dev.localprom import (
     REPLICA_JOB,
@@ -36,7 +37,7 @@ from mcpfleet.server.dev.localprom import (
 from mcpfleet.server.dev.wait import WaitTimeout, wait_for
 from mcpfleet.server.keys.files import read_ring, write_ring
 from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.registry import text
+from mcpfleet.server.registry import read_replicas_sync
 from mcpfleet.server.replica.appload import DEFAULT_APP
 
 
@@ -363,18 +364,9 @@ class LocalFleet:
         self.members[name].proc.signal(signal.SIGTERM)
 
     def attestations(self) -> dict[str, Attestation]:
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=self.redis_port, socket_timeout=2)
+        client = redisconn.sync_client(redisconn.settings(self.redis_url), timeout=2)
         try:
-            keys = RedisKeys(self.fleet)
-            names = sorted(text(n) for n in client.smembers(keys.replicas))
-            out = {}
-            for name in names:
-                raw = client.get(keys.replica(name))
-                if raw is not None:
-                    out[name] = Attestation.from_json(raw)
-            return out
+            return read_replicas_sync(client, RedisKeys(self.fleet))
         finally:
             client.close()
 

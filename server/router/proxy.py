@@ -41,6 +41,7 @@ from mcpfleet.server.contract import (
     ROUTER_ERROR_HEADER,
     RedisKeys,
 )
+from mcpfleet.server.redisconn import follow_master
 from mcpfleet.server.registry import connect, redact_url
 from mcpfleet.server.router.admission import ClientGone, Rejection, admit
 from mcpfleet.server.router.decisions import (
@@ -53,7 +54,7 @@ from mcpfleet.server.router.decisions import (
     valid_session_id,
 )
 from mcpfleet.server.router.metrics import RouterMetrics
-from mcpfleet.server.router.table import Health, ReplicaView, SessionTable
+from mcpfleet.server.router.table import Health, RedisDown, ReplicaView, SessionTable
 from mcpfleet.server.router.upstream import Dropped, Failure, Upstream
 
 log = logging.getLogger("mcpfleet.router")
@@ -150,15 +151,27 @@ class Router:
         while True:
             await asyncio.sleep(self.config.refresh_interval)
             was_degraded = self.health.degraded
+            moved = await self._follow_master()
             await self.view.refresh()
             self.metrics.degraded.set(1 if self.health.degraded else 0)
             self.metrics.observe_view(
                 {n: a.state for n, a in self.view.replicas.items()},
                 {n: a.sessions for n, a in self.view.replicas.items()},
             )
-            if was_degraded and not self.health.degraded:
-                # Redis may have restarted empty: put back what this router knows.
+            if (was_degraded or moved) and not self.health.degraded:
+                # Redis may have restarted empty, or failed over without the
+                # latest writes: put back what this router knows.
                 await self.sessions.republish()
+
+    async def _follow_master(self) -> bool:
+        """Through Sentinel: True when the master moved (the new one may lack routes)."""
+        try:
+            moved = await follow_master(self.redis)
+        except RedisDown:
+            return False  # the refresh that follows tells whether Redis is down
+        if moved:
+            log.warning("Redis master moved (Sentinel failover): writing back known sessions")
+        return moved
 
     async def shutdown(self) -> None:
         for task in self._tasks:

@@ -26,8 +26,10 @@ from redis.exceptions import NoPermissionError
 from fleetkit import scenarios
 from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
 from fleetkit.wire import initialize_body
+from mcpfleet.server import redisconn
 from mcpfleet.server.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
-from mcpfleet.server.dev.fleet import wait_for
+from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.server.registry import connect, read_replicas, read_replicas_sync
 
 from .conftest import shared
 
@@ -102,7 +104,9 @@ def test_a_session_route_is_refreshed_under_the_router_user(
             ping = '{"jsonrpc":"2.0","id":2,"method":"ping"}'
             answer = http.post(blue.url, content=ping, headers={**headers, SESSION_HEADER: session})
             assert answer.status_code == 200, answer.text
-            wait_for("the route's TTL to be refreshed", lambda: admin.pttl(key) > before, 5)
+            wait_for(
+                lambda: admin.pttl(key) > before, timeout=5, what="the route's TTL to be refreshed"
+            )
 
 
 async def test_a_rotation_under_load_with_every_component_under_its_acl_user(
@@ -118,13 +122,36 @@ def test_a_drained_replica_withdraws_its_record_under_the_replica_user(
     keys = RedisKeys("blue")
     with contextlib.closing(server.admin()) as admin:
         wait_for(
-            "replica-2 to withdraw its record and its name",
             lambda: (
                 admin.get(keys.replica("replica-2")) is None
                 and b"replica-2" not in admin.smembers(keys.replicas)
             ),
-            30,
+            timeout=30,
+            what="replica-2 to withdraw its record and its name",
         )
+
+
+async def test_the_router_and_operator_clients_connect_over_a_unix_socket(
+    blue: RedisFleet, server: RedisServer
+) -> None:
+    """unix:// with a user and its password file, for the asyncio and the blocking client."""
+    keys = RedisKeys("blue")
+    user, password_file = blue.users["router"]
+    files = redisconn.RedisFiles(password_file=password_file)
+    router = connect(f"unix://{user}@{server.socket}?db=0", files)
+    try:
+        assert "replica-0" in await read_replicas(router, keys)
+    finally:
+        await router.aclose()
+    user, password_file = blue.users["operator"]
+    s = redisconn.settings(
+        f"unix://{user}@{server.socket}", redisconn.RedisFiles(password_file=password_file)
+    )
+    operator = redisconn.sync_client(s, timeout=2)
+    try:
+        assert "replica-0" in read_replicas_sync(operator, keys)
+    finally:
+        operator.close()
 
 
 def test_nothing_in_normal_operation_was_denied(blue: RedisFleet, server: RedisServer) -> None:
@@ -172,9 +199,9 @@ def test_the_redis_password_rotates_without_a_restart(
         admin.execute_command("CLIENT", "KILL", "USER", user)
         admin.execute_command("ACL", "SETUSER", user, f"<{old}")
         wait_for(
-            "the router to reconnect with the new password",
             lambda: any(c["user"] == user for c in admin.client_list()),
-            10,
+            timeout=10,
+            what="the router to reconnect with the new password",
         )
         session, owner = _open_session(blue.url)
         # Written under the new password: the route is in Redis.
@@ -194,7 +221,7 @@ def test_a_vanished_password_file_degrades_the_router_and_loses_nothing(
     try:
         with contextlib.closing(server.admin()) as admin:
             admin.execute_command("CLIENT", "KILL", "USER", user)
-        wait_for("the router to report degraded", lambda: _router_degraded(blue), 10)
+        wait_for(lambda: _router_degraded(blue), timeout=10, what="the router to report degraded")
         log = blue.router_procs[0].tail(200)
         assert f"Redis password file {password_file} does not exist" in log
         assert saved.strip() not in log
@@ -203,8 +230,23 @@ def test_a_vanished_password_file_degrades_the_router_and_loses_nothing(
         assert answer.status_code == 200 and answer.headers["x-mcpfleet-replica"] == owner
     finally:
         password_file.write_text(saved)
-    wait_for("the router to leave degraded", lambda: not _router_degraded(blue), 10)
+    wait_for(lambda: not _router_degraded(blue), timeout=10, what="the router to leave degraded")
     assert _ping(blue.url, session).status_code == 200
+
+
+def test_no_password_is_in_a_log_or_a_process_argument(blue: RedisFleet) -> None:
+    passwords = [path.read_text().strip() for _, path in blue.users.values()]
+    logs = [p.read_text(errors="replace") for p in blue.workdir.glob("*.log")]
+    procs = [m.proc for m in blue.members.values()] + blue.router_procs
+    argvs = [
+        Path(f"/proc/{proc.popen.pid}/cmdline").read_bytes().decode(errors="replace")
+        for proc in procs
+        if proc.alive and proc.popen is not None
+    ]
+    assert len(logs) >= 4 and len(argvs) >= 3
+    for password in passwords:
+        assert not any(password in text for text in logs + argvs)
+    assert all("--redis-password-file" in argv for argv in argvs)
 
 
 @pytest.mark.parametrize("component", REDIS_COMPONENTS)

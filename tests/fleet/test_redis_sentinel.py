@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit.failover import SentinelFleet, failover_under_load, sentinel_fleet
+from fleetkit.failover import SentinelFleet, failover_under_load, graceful_failover, sentinel_fleet
 
 
 @pytest.fixture
@@ -40,3 +40,10 @@ async def test_a_master_killed_under_load_loses_no_live_session(setup: SentinelF
     assert 0 < report.promoted <= report.routers_back
     assert report.replicas_back > 0 and report.operator_back > 0
     assert report.denied == 0
+
+
+async def test_a_graceful_failover_loses_no_live_session(setup: SentinelFleet) -> None:
+    """The old master demoted, not killed: no outage for the routers to notice, same loss."""
+    unreplicated, kept = await graceful_failover(setup, sessions=3)
+    assert unreplicated == 3
+    assert kept == 3

@@ -20,7 +20,8 @@ from fleetkit.certs import CertificateAuthority
 from fleetkit.redisrig import RedisFleet, RedisServer, TLSFiles, acl_log, redis_fleet
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import RedisKeys
-from mcpfleet.server.dev.fleet import Proc, free_port, mcpfleet_argv, wait_for
+from mcpfleet.server.dev.fleet import Proc, free_port, mcpfleet_argv
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.registry import read_replicas_sync
 
 from .conftest import shared
@@ -125,9 +126,9 @@ def test_a_wrong_ca_is_refused_with_a_clear_error(
     )
     try:
         wait_for(
-            "the router to say the certificate did not verify",
             lambda: "TLS certificate verify failed" in proc.tail(),
-            30,
+            timeout=30,
+            what="the router to say the certificate did not verify",
         )
         log = proc.tail()
         assert "is --redis-ca-file the CA that signed the Redis server's certificate?" in log
@@ -142,9 +143,9 @@ def test_a_client_without_a_certificate_is_refused_by_the_server(
     proc = _router(fleet, tmp_path, "router-no-cert", "--redis-ca-file", str(tls.ca_file))
     try:
         wait_for(
-            "the router to say a client certificate is wanted",
             lambda: "give --redis-cert-file and --redis-key-file" in proc.tail(),
-            30,
+            timeout=30,
+            what="the router to say a client certificate is wanted",
         )
         assert proc.alive
     finally:

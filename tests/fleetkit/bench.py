@@ -506,6 +506,9 @@ def main() -> None:
         from fleetkit.operatorbench import rotation_rows
 
         rows += rotation_rows(1 if args.quick else 3)
+        from fleetkit.failover import failover_rows
+
+        rows += failover_rows(args.quick)
     if not args.no_node and not args.scale_only:
         from fleetkit.node_bench import node_rows
 

@@ -34,6 +34,7 @@ import redis
 from fleetkit import scenarios
 from fleetkit.redisrig import (
     MASTER,
+    NOT_YET,
     RedisFleet,
     RedisServer,
     Sentinels,
@@ -44,7 +45,7 @@ from fleetkit.wire import initialize_body
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import wait_for
+from mcpfleet.server.dev.wait import WaitTimeout, wait_for
 from mcpfleet.server.registry import read_replicas_sync
 
 FLEET = "failover"
@@ -91,7 +92,12 @@ def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]
     setup: SentinelFleet | None = None
     try:
         replica.start()
-        wait_for("the replica's link to the master", lambda: _link_up(replica), 30)
+        wait_for(
+            lambda: _link_up(replica),
+            timeout=30,
+            what="the replica's link to the master",
+            retry_on=NOT_YET,
+        )
         group.start()
         group.wait_replicas_known(1)
         servers = {master.port: master, replica.port: replica}
@@ -249,7 +255,13 @@ async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> Failov
 
 async def _until(what: str, check: object, timeout: float = 60) -> None:
     """Wait for ``check()`` off the event loop thread, so the load keeps running."""
-    await asyncio.to_thread(wait_for, what, check, timeout)  # type: ignore[arg-type]
+    await asyncio.to_thread(
+        wait_for,
+        check,  # type: ignore[arg-type]
+        timeout=timeout,
+        what=what,
+        retry_on=NOT_YET,
+    )
 
 
 def _routers_back(lf: RedisFleet) -> bool:
@@ -264,3 +276,116 @@ def _routers_back(lf: RedisFleet) -> bool:
 def _attested(server: RedisServer, keys: RedisKeys) -> dict[str, object]:
     with contextlib.closing(server.admin()) as admin:
         return dict(read_replicas_sync(admin, keys))
+
+
+# --------------------------------------------------------------------------- make bench
+
+
+def failover_rows(quick: bool = False) -> list[tuple[str, str, str, str]]:
+    """Rows for ``make bench``: a failover's recovery times and failures, median of runs."""
+    import shutil
+    import statistics
+    import tempfile
+
+    missing = [b for b in ("redis-server", "redis-sentinel") if shutil.which(b) is None]
+    if missing:
+        return [("Sentinel failover", "skipped", "", f"not installed: {', '.join(missing)}")]
+    reports: list[FailoverReport] = []
+    for _ in range(1 if quick else 3):
+        work = Path(tempfile.mkdtemp(prefix="mcpfleet-failover-"))
+        try:
+            with sentinel_fleet(work) as setup:
+                reports.append(asyncio.run(failover_under_load(setup)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    med = {
+        name: statistics.median(getattr(r, name) for r in reports)
+        for name in ("promoted", "routers_back", "replicas_back", "operator_back")
+    }
+    note = "master SIGKILLed; 3 sentinels, quorum 2, down-after 1 s"
+    rows = [
+        ("failover: Sentinel promoted the replica", f"{med['promoted']:.2f} s", "", note),
+        ("failover: routers route from Redis again", f"{med['routers_back']:.2f} s", "", ""),
+        ("failover: every replica attested again", f"{med['replicas_back']:.2f} s", "", ""),
+        ("failover: operator reads the registry", f"{med['operator_back']:.2f} s", "", ""),
+    ]
+    modern = sum(r.modern_ok + r.modern_failed for r in reports)
+    handshake = sum(r.handshake_ok + r.handshake_failed for r in reports)
+    failed_modern = sum(r.modern_failed for r in reports)
+    failed_handshake = sum(r.handshake_failed for r in reports)
+    kept = sum(r.kept for r in reports)
+    lost = sum(r.unreplicated for r in reports)
+    rows += [
+        (
+            "failover: failed during the run",
+            f"{failed_modern}/{modern} modern, {failed_handshake}/{handshake} handshake",
+            "",
+            f"{len(reports)} run(s), load on 2 routers throughout",
+        ),
+        (
+            "failover: unreplicated routes kept",
+            f"{kept}/{lost}",
+            "",
+            "written back by the router that cached them",
+        ),
+    ]
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    rows = failover_rows("--quick" in sys.argv)
+    for row in rows:
+        print(" | ".join(row))
+
+
+async def graceful_failover(setup: SentinelFleet, sessions: int = 3) -> tuple[int, int]:
+    """``SENTINEL FAILOVER`` (an upgrade, say) with replication held back.
+
+    The old master stays up and is demoted; Sentinel drops its clients, which
+    reconnect to the new master at once, often without a single failed
+    command: no outage for a router to notice. The routes the old master
+    acknowledged are lost all the same, unless written back. Returns
+    (unreplicated, present on the new master a few seconds later).
+    """
+    lf = setup.fleet
+    keys = RedisKeys(FLEET)
+    urls = [lf.router_url(0), lf.router_url(1)]
+    setup.master.hold_replication()
+    await _until("the replica to lose its link", lambda: not _link_up(setup.replica), 10)
+    unreplicated = kept = 0
+    async with httpx.AsyncClient(timeout=10) as http:
+        opened: dict[str, str] = {}
+        for _ in range(sessions):
+            resp = await http.post(urls[0], content=initialize_body("graceful"), headers=HEADERS)
+            assert resp.status_code == 200, resp.text
+            opened[resp.headers[SESSION_HEADER]] = resp.headers["x-mcpfleet-replica"]
+        with contextlib.closing(setup.replica.admin()) as on_replica:
+            unreplicated = sum(on_replica.get(keys.session(s)) is None for s in opened)
+        port = setup.sentinels.ports[0]
+        with contextlib.closing(redis.Redis(port=port, socket_timeout=2)) as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", MASTER)
+        await _until(
+            "Sentinel to promote the replica",
+            lambda: setup.sentinels.master_port() == setup.replica.port,
+            30,
+        )
+        await _until(
+            "every replica to be attested on the new master",
+            lambda: set(_attested(setup.replica, keys)) == {"replica-0", "replica-1"},
+            30,
+        )
+
+        # Every router's connections moved to the new master (the old one dropped them).
+        # The routes must be there, whatever router (or a new one) is asked next.
+        def present() -> int:
+            with contextlib.closing(setup.replica.admin()) as on_new:
+                return sum(on_new.get(keys.session(s)) is not None for s in opened)
+
+        with contextlib.suppress(WaitTimeout):
+            await asyncio.to_thread(
+                wait_for, lambda: present() == len(opened), timeout=5, what="routes written back"
+            )
+        kept = present()
+    return unreplicated, kept

@@ -20,7 +20,6 @@ import contextlib
 import secrets
 import shutil
 import signal
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +30,12 @@ import redis
 
 from fleetkit.certs import CertificateAuthority
 from mcpfleet.server.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
-from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, free_port, wait_for
+from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, free_port
+from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.registry import read_replicas_sync
+
+#: What a server or sentinel not yet (or no longer) answering raises: "not yet".
+NOT_YET = (redis.RedisError, OSError)
 
 ADMIN = "mcpfleet-test-admin"
 REPLICATION = "mcpfleet-test-replication"
@@ -114,6 +117,10 @@ class RedisServer:
     def dir(self) -> Path:
         return self.workdir / self.name
 
+    @property
+    def socket(self) -> Path:
+        return self.dir / "redis.sock"
+
     def config(self) -> str:
         lines = [
             "bind 127.0.0.1",
@@ -121,6 +128,8 @@ class RedisServer:
             'save ""',
             "appendonly no",
             f"dir {self.dir}",
+            f"unixsocket {self.socket}",
+            "unixsocketperm 700",
             "user default off",
             f"user {ADMIN} on >{self.admin_password} ~* &* +@all",
             # What a replica authenticates as to its master: only replication.
@@ -155,7 +164,7 @@ class RedisServer:
         conf = secret_file(self.dir / "redis.conf", self.config())
         self.proc = Proc(self.name, [binary, str(conf)], self.dir / "redis.log")
         self.proc.start({})
-        wait_for(f"{self.name} to answer PING", self.ping, timeout)
+        wait_for(self.ping, timeout=timeout, what=f"{self.name} to answer PING", retry_on=NOT_YET)
         return self
 
     def ping(self) -> bool:
@@ -268,7 +277,7 @@ class RedisFleet(LocalFleet):
 
     def start_redis(self, timeout: float = 30.0) -> None:
         """The Redis is the test's: only check it answers."""
-        wait_for("the test's Redis to answer", self._redis_ping, timeout)
+        wait_for(self._redis_ping, timeout=timeout, what="the test's Redis", retry_on=NOT_YET)
 
     def _redis_ping(self) -> bool:
         with contextlib.closing(self.admin()) as client:
@@ -359,7 +368,12 @@ class Sentinels:
             self.ports.append(port)
             self.procs.append(proc)
         for port in self.ports:
-            wait_for(f"sentinel :{port} to see the master", self._sees_master(port), timeout)
+            wait_for(
+                self._sees_master(port),
+                timeout=timeout,
+                what=f"sentinel :{port} to see the master",
+                retry_on=NOT_YET,
+            )
         return self
 
     def _sees_master(self, port: int) -> Callable[[], bool]:
@@ -393,7 +407,12 @@ class Sentinels:
                         return False
             return True
 
-        wait_for(f"the sentinels to know {count} replica(s) and each other", known, timeout)
+        wait_for(
+            known,
+            timeout=timeout,
+            what=f"the sentinels to know {count} replica(s) and each other",
+            retry_on=NOT_YET,
+        )
 
     @property
     def url_hosts(self) -> str:
@@ -406,10 +425,3 @@ class Sentinels:
     def logs(self) -> Iterator[tuple[str, str]]:
         for proc in self.procs:
             yield proc.name, proc.tail(20)
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout: float) -> float:
-    """:func:`wait_for`, returning how long it took (for a report, never asserted)."""
-    started = time.monotonic()
-    wait_for(what, check, timeout)
-    return time.monotonic() - started

@@ -285,3 +285,70 @@ def test_the_operator_refuses_a_password_in_its_environment(tmp_path: Path) -> N
     assert "visible in the environment" in result.stderr
     assert "--redis-password-file" in result.stderr
     assert SECRET not in result.stderr + result.stdout
+
+
+def test_the_readme_shows_exactly_the_acl_rules_of_the_contract() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Redis\n", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("user mcpfleet-")]
+    shown = {}
+    for line in lines:
+        user, on, password, *rules = line.split()[1:]
+        assert (on, password) == ("on", "#<sha256")
+        assert rules[:3] == ["of", "its", "password>"]
+        shown[user.removeprefix("mcpfleet-")] = rules[3:]
+    assert shown == {c: RedisKeys("default").acl_rules(c) for c in REDIS_COMPONENTS}
+
+
+def test_sentinel_clients_reach_the_sentinels_over_tls_without_the_masters_credentials(
+    tmp_path: Path,
+) -> None:
+    import redis as sync_redis
+    import redis.asyncio as aioredis
+    import redis.asyncio.sentinel as aiosentinel
+    import redis.sentinel
+
+    ca = CertificateAuthority("redis-test-ca")
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.cert_pem)
+    password = tmp_path / "password"
+    password.write_text(SECRET)
+    s = settings(
+        "rediss+sentinel://router@s1:26379,s2/mymaster/2",
+        RedisFiles(password_file=password, ca_file=ca_file),
+    )
+    cases = [
+        (
+            redisconn.async_client(s, timeout=1),
+            aiosentinel.SentinelManagedSSLConnection,
+            aioredis.SSLConnection,
+        ),
+        (
+            redisconn.sync_client(s, timeout=1),
+            redis.sentinel.SentinelManagedSSLConnection,
+            sync_redis.SSLConnection,
+        ),
+    ]
+    for client, master_class, sentinel_class in cases:
+        pool = client.connection_pool
+        assert pool.service_name == "mymaster"
+        assert pool.connection_class is master_class
+        assert pool.connection_kwargs["db"] == 2
+        assert pool.connection_kwargs["ssl_ca_certs"] == str(ca_file)
+        provider = pool.connection_kwargs["credential_provider"]
+        assert provider.get_credentials() == ("router", SECRET)
+        sentinels = pool.sentinel_manager.sentinels
+        assert len(sentinels) == 2
+        for sentinel in sentinels:
+            kwargs = sentinel.connection_pool.connection_kwargs
+            assert sentinel.connection_pool.connection_class is sentinel_class
+            assert kwargs["ssl_ca_certs"] == str(ca_file)
+            assert not any(kwargs.get(k) for k in ("username", "password", "credential_provider"))
+
+
+async def test_following_the_master_is_a_no_op_without_sentinel() -> None:
+    client = redisconn.async_client(settings("redis://127.0.0.1:1/0"), timeout=0.1)
+    try:
+        assert await redisconn.follow_master(client) is False
+    finally:
+        await client.aclose()
