@@ -277,7 +277,7 @@ class Router:
                 return Outcome.UNAVAILABLE
             await _respond(send, 404, _error(-32600, "Session not found"))
             return Outcome.CLIENT_ERROR
-        address = self.view.owner_address(owner)
+        address = await self.view.locate(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
             return await self._owner_gone(send, session, owner, OwnerGone.DEREGISTERED)

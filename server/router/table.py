@@ -152,6 +152,7 @@ class ReplicaView:
     state: ViewState = field(default_factory=ViewState)
     inflight: dict[str, int] = field(default_factory=dict)
     refreshed: float = 0.0
+    _refreshing: asyncio.Future[None] | None = field(default=None, repr=False)
 
     @property
     def replicas(self) -> dict[str, Attestation]:
@@ -182,6 +183,29 @@ class ReplicaView:
 
     def get(self, name: str) -> Attestation | None:
         return self.state.replicas.get(name)
+
+    def knows(self, name: str) -> bool:
+        """Whether this router has seen ``name`` at all: serving, recently seen, or dead."""
+        return (
+            name in self.state.replicas or name in self.state.last_seen or name in self.state.dead
+        )
+
+    async def locate(self, name: str) -> str | None:
+        """:meth:`owner_address`, after one registry refresh if ``name`` is new here.
+
+        Another router may have placed a session on a replica that registered
+        after this router's last refresh (a new pod during a rolling update):
+        such an owner is not gone, only not seen yet. Concurrent callers share
+        one refresh, and only sessions that exist in Redis get here, so a
+        client cannot make the router read the registry at will.
+        """
+        address = self.owner_address(name)
+        if address is None and not self.knows(name):
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = asyncio.ensure_future(self.refresh())
+            await asyncio.shield(self._refreshing)
+            address = self.owner_address(name)
+        return address
 
     def owner_address(self, name: str) -> str | None:
         """Where a session's owner was last seen, unless it is known dead or long gone.

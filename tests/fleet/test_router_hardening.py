@@ -116,8 +116,13 @@ class FakeReplica:
 
 
 @contextlib.asynccontextmanager
-async def in_process_router(redis_url: str) -> AsyncIterator[tuple[Router, httpx.AsyncClient]]:
-    router = Router(RouterConfig(redis_url=redis_url, fleet=FLEET))
+async def in_process_router(
+    redis_url: str, refresh_interval: float | None = None
+) -> AsyncIterator[tuple[Router, httpx.AsyncClient]]:
+    config = RouterConfig(redis_url=redis_url, fleet=FLEET)
+    if refresh_interval is not None:
+        config.refresh_interval = refresh_interval
+    router = Router(config)
     await router.startup()
     transport = httpx.ASGITransport(app=router)
     try:
@@ -559,3 +564,23 @@ def test_max_connections_must_be_a_positive_integer() -> None:
         )
         assert proc.returncode == 2, proc.stderr
         assert "--max-connections" in proc.stderr
+
+
+async def test_an_owner_registered_after_the_last_refresh_is_looked_up_not_declared_gone(
+    redis_url: str,
+) -> None:
+    """Another router placed a session on a replica that registered after this router's
+    last refresh (a new pod in a rolling update): the session is routed, not answered 404
+    and dropped."""
+    async with FakeReplica(die_after=None) as fake:
+        # No periodic refresh during the test: only the lookup can find the newcomer.
+        async with in_process_router(redis_url, refresh_interval=3600) as (router, http):
+            assert not router.view.knows("newcomer")
+            _register(redis_url, "newcomer", f"http://127.0.0.1:{fake.port}", session="fresh")
+            headers = {**JSON_HEADERS, "mcp-session-id": "fresh"}
+            answers = await asyncio.gather(
+                *(http.post("/mcp", content=b"{}", headers=headers) for _ in range(3))
+            )
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert fake.requests == 3
+    assert _session_known(redis_url, "fresh")
