@@ -447,3 +447,33 @@ def test_an_upgrade_that_changes_the_replicas_does_not_restart_redis(helm: Helm)
         return _by(docs, "Deployment", "-redis")["spec"]["template"]
 
     assert redis_template() == redis_template("--set", "server.stateTTL=5,server.replicas=4")
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "delete"])
+def test_the_uninstall_hook_deletes_the_key_secret_only_when_told(helm: Helm, keep: bool) -> None:
+    docs = chartkit.objects(
+        chartkit.render(helm, "--set", f"keyRing.keepSecret={str(keep).lower()}")
+    )
+    role = next(
+        d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-uninstall")
+    )
+    secret_rules = [r for r in role["rules"] if "secrets" in r.get("resources", [])]
+    job = next(
+        d for d in docs if d["kind"] == "Job" and d["metadata"]["name"].endswith("-uninstall")
+    )
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    compile(script, "uninstall-hook", "exec")  # the rendered script is valid Python
+    if keep:
+        assert secret_rules == []
+        assert "delete_namespaced_secret" not in script
+    else:
+        # Only the release's key Secret, by name, and only deleting it.
+        assert secret_rules == [
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": ["mcpfleet-keys"],
+                "verbs": ["delete"],
+            }
+        ]
+        assert "delete_namespaced_secret" in script and '"mcpfleet-keys"' in script

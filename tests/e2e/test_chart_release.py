@@ -165,3 +165,31 @@ def test_helm_uninstall_leaves_only_what_is_documented(release: ChartFleet) -> N
         k8s.RbacAuthorizationV1Api(release.cluster.api).read_namespaced_role(
             "mcpfleet-operator", NAMESPACE
         )
+
+
+def test_a_reinstall_adopts_the_kept_secret_and_keep_secret_false_deletes_it(
+    release: ChartFleet,
+) -> None:
+    kept = release.ring()  # left by the uninstall before, as documented
+    release.install(
+        "--set",
+        "keyRing.keepSecret=false",
+        "--set",
+        "server.replicas=1",
+        "--set",
+        "router.replicas=1",
+    )
+    # The operator adopted the kept ring: the replica serves with the same keys.
+    release.wait_attested(kept.kids, timeout=120)
+    assert release.ring().kids == kept.kids
+    release.uninstall()
+
+    def secret_gone() -> bool:
+        names = {s.metadata.name for s in release.core.list_namespaced_secret(NAMESPACE).items}
+        return release.keyring not in names
+
+    wait_for(secret_gone, timeout=60, interval=1, what="the key Secret deleted by the hook")
+    assert (
+        release.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "keyrings")["items"]
+        == []
+    )
