@@ -164,7 +164,13 @@ class RedisServer:
         conf = secret_file(self.dir / "redis.conf", self.config())
         self.proc = Proc(self.name, [binary, str(conf)], self.dir / "redis.log")
         self.proc.start({})
-        wait_for(self.ping, timeout=timeout, what=f"{self.name} to answer PING", retry_on=NOT_YET)
+        try:
+            wait_for(
+                self.ping, timeout=timeout, what=f"{self.name} to answer PING", retry_on=NOT_YET
+            )
+        except BaseException:
+            self.stop()  # a failed start leaves no process behind
+            raise
         return self
 
     def ping(self) -> bool:
@@ -367,13 +373,17 @@ class Sentinels:
             proc.start({})
             self.ports.append(port)
             self.procs.append(proc)
-        for port in self.ports:
-            wait_for(
-                self._sees_master(port),
-                timeout=timeout,
-                what=f"sentinel :{port} to see the master",
-                retry_on=NOT_YET,
-            )
+        try:
+            for port in self.ports:
+                wait_for(
+                    self._sees_master(port),
+                    timeout=timeout,
+                    what=f"sentinel :{port} to see the master",
+                    retry_on=NOT_YET,
+                )
+        except BaseException:
+            self.stop()  # a failed start leaves no process behind
+            raise
         return self
 
     def _sees_master(self, port: int) -> Callable[[], bool]:
