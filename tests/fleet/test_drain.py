@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetkit import scenarios
 from fleetkit.fleet import local_fleet
 from fleetkit.wire import modern_call
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
@@ -113,133 +114,30 @@ def test_health_endpoints(small_fleet: LocalFleet) -> None:
 
 
 async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: LocalFleet) -> None:
-    """30 handshake sessions and a stream of modern rounds while one replica drains.
-
-    Fifteen sessions open before the drain (some land on the victim and must
-    finish there), fifteen after it (none may land on the victim).
-    """
-    lf = small_fleet
+    """The shared drain scenario on local processes: handshake sessions before and
+    after the drain and a stream of modern rounds, none failing; the drained replica
+    then exits cleanly."""
     victim = "replica-1"
-    drained = asyncio.Event()
-    stop = asyncio.Event()
-    modern: list[str | None] = []
-    modern_failed: list[str] = []
-    placed_after_drain: list[str] = []
-    owners: list[str] = []
-
-    async def modern_stream() -> None:
-        async with connect(lf.url, "modern") as client:
-            while not stop.is_set():
-                try:
-                    result = await client.call_tool(
-                        "confirm_purchase", {"item": "tea", "amount_eur": 2}
-                    )
-                    assert str(result.data).startswith("Purchased")
-                    modern.append("ok")
-                except Exception as exc:
-                    modern_failed.append(f"{type(exc).__name__}: {exc}")
-
-    async def session(i: int) -> str:
-        if i >= 15:
-            await drained.wait()  # the second half opens once the drain is under way
-        trace = Trace()
-
-        async def thinker(message: str, schema: dict[str, Any]) -> Any:
-            await asyncio.sleep(0.5)  # a person answering
-            return default_answer(message, schema)
-
-        opened_after = drained.is_set()
-        async with connect(lf.url, "handshake", trace, answer=thinker) as client:
-            result = await client.call_tool("plan_meeting", {"topic": f"T{i}"})
-        (owner,) = trace.replicas()
-        owners.append(owner)
-        if opened_after:
-            placed_after_drain.append(owner)
-        return str(result.data)
-
-    load = asyncio.create_task(modern_stream())
-    sessions = [asyncio.create_task(session(i)) for i in range(30)]
-    await asyncio.to_thread(
-        wait_for,
-        lambda: lf.attestations()[victim].sessions >= 2,
-        timeout=20,
-        what=f"sessions on {victim}",
-        retry_on=(Exception,),
-    )
-    lf.drain(victim)
-    router_ready = lf.url.replace("/mcp", "/readyz")
-    await asyncio.to_thread(
-        wait_for,
-        lambda: httpx.get(router_ready, timeout=1).json()["replicas"].get(victim) != "serving",
-        timeout=10,
-        what="the router to see the drain",
-        retry_on=(Exception,),
-    )
-    drained.set()
-    results = await asyncio.wait_for(asyncio.gather(*sessions), 120)
-    stop.set()
-    await load
-    assert all(r.startswith("Planned 'T") for r in results), results
-    assert modern_failed == []
-    assert len(modern) > 10
-    assert placed_after_drain and victim not in placed_after_drain
-    assert victim in owners, "sessions pinned to the draining replica finished on it"
-    code = await asyncio.to_thread(lf.members[victim].proc.wait, 30)
-    assert code == 0
+    member = small_fleet.members[victim]
+    await scenarios.drain_under_load(small_fleet, victim, gone=lambda _: not member.proc.alive)
+    assert await asyncio.to_thread(member.proc.wait, 30) == 0
 
 
 @pytest.mark.timeout(240)
 async def test_rolling_restart_of_every_replica_under_load_loses_no_session(
     small_fleet: LocalFleet,
 ) -> None:
-    """Surge one new replica, drain one old, three times over, with traffic all along."""
+    """The shared rolling-update scenario on local processes: surge one new replica,
+    drain one old, three times over, as a Deployment's rollout does."""
     lf = small_fleet
-    stop = asyncio.Event()
-    done: list[str] = []
-    failed: list[str] = []
-
-    async def handshake_user(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(lf.url, "handshake") as client:
-                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
-                if not str(result.data).startswith(f"Planned 'R{n}'"):
-                    failed.append(f"handshake: not a plan: {result.data}")
-                done.append(str(result.data))
-            except Exception as exc:
-                failed.append(f"handshake {type(exc).__name__}: {exc}")
-
-    async def modern_user() -> None:
-        async with connect(lf.url, "modern") as client:
-            while not stop.is_set():
-                try:
-                    result = await client.call_tool("book_flight", {"destination": "Kyiv"})
-                    if not str(result.data).startswith("Booked economy to Kyiv"):
-                        failed.append(f"modern: not a booking: {result.data}")
-                    done.append("modern")
-                except Exception as exc:
-                    failed.append(f"modern {type(exc).__name__}: {exc}")
-
-    users = [asyncio.create_task(handshake_user(n)) for n in range(6)]
-    users.append(asyncio.create_task(modern_user()))
     old = sorted(lf.members)
-    try:
+
+    def roll() -> None:
         for i, name in enumerate(old):
-            before = len(done)
-            await asyncio.to_thread(lf.add_replica, f"replica-{len(old) + i}")
+            lf.add_replica(f"replica-{len(old) + i}")
             lf.drain(name)
-            code = await asyncio.to_thread(lf.members[name].proc.wait, 60)
+            code = lf.members[name].proc.wait(60)
             assert code == 0, lf.members[name].proc.tail()
-            await asyncio.to_thread(
-                wait_for,
-                lambda b=before: len(done) > b + 5,
-                timeout=30,
-                what="traffic to go on after the restart",
-                retry_on=(Exception,),
-            )
-    finally:
-        stop.set()
-        await asyncio.gather(*users)
-    assert failed == []
-    assert sum(1 for d in done if d.startswith("Planned")) >= 18
-    assert set(lf.replica_names()) == {f"replica-{n}" for n in range(3, 6)}
+
+    new = await scenarios.rolling_update_under_load(lf, roll)
+    assert set(new) == {f"replica-{n}" for n in range(3, 6)}

@@ -38,19 +38,25 @@ _BEFORE_LAUNCHER = (
 )
 
 
-def start_before_router(lf: LocalFleet) -> tuple[Proc, str]:
+def start_extra_router(lf: LocalFleet, launcher: str, name: str) -> tuple[Proc, str]:
+    """One more router in front of ``lf``'s replicas, started by ``python -c launcher``
+    (which ends by calling mcpfleet's CLI); its process and URL once it sees them all."""
     port = free_port()
-    argv = [sys.executable, "-c", _BEFORE_LAUNCHER, "router", "--port", str(port)]
+    argv = [sys.executable, "-c", launcher, "router", "--port", str(port)]
     argv += ["--redis", lf.redis_url, "--fleet", lf.fleet]
-    proc = Proc("router-before", argv, lf.workdir / "router-before.log")
+    proc = Proc(name, argv, lf.workdir / f"{name}.log")
     proc.start(lf.env())
     wait_for(
         lf._router_sees(port, lf.replicas),
         timeout=60,
-        what="the before-router to see the replicas",
+        what=f"{name} to see the replicas",
         retry_on=(OSError, ValueError, KeyError),
     )
     return proc, f"http://127.0.0.1:{port}/mcp"
+
+
+def start_before_router(lf: LocalFleet) -> tuple[Proc, str]:
+    return start_extra_router(lf, _BEFORE_LAUNCHER, "router-before")
 
 
 def py_spy() -> str | None:

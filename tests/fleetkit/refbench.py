@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from fleetkit.loadgen import WrkResult, cpu_seconds, run_wrk
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port
-from mcpfleet.server.dev.wait import wait_for
+from fleetkit.profilebench import start_extra_router
+from mcpfleet.server.dev.fleet import LocalFleet, Proc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,23 +44,12 @@ def checkout(ref: str, into: Path) -> Path:
 
 
 def start_ref_router(lf: LocalFleet, imports: Path) -> tuple[Proc, str]:
-    port = free_port()
     # The import root first: mcpfleet.server then resolves to REF's code, not this tree's.
     launcher = (
         f"import sys; sys.path.insert(0, {str(imports)!r}); "
         "from mcpfleet.server.cli import main; sys.exit(main(sys.argv[1:]))"
     )
-    argv = [sys.executable, "-c", launcher, "router", "--port", str(port)]
-    argv += ["--redis", lf.redis_url, "--fleet", lf.fleet]
-    proc = Proc("router-ref", argv, lf.workdir / "router-ref.log")
-    proc.start(lf.env())
-    wait_for(
-        lf._router_sees(port, lf.replicas),
-        timeout=60,
-        what="the REF router to see the replicas",
-        retry_on=(OSError, ValueError, KeyError),
-    )
-    return proc, f"http://127.0.0.1:{port}/mcp"
+    return start_extra_router(lf, launcher, "router-ref")
 
 
 def main() -> None:
