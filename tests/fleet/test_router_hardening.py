@@ -572,15 +572,17 @@ async def test_an_owner_registered_after_the_last_refresh_is_looked_up_not_decla
     """Another router placed a session on a replica that registered after this router's
     last refresh (a new pod in a rolling update): the session is routed, not answered 404
     and dropped."""
-    async with FakeReplica(die_after=None) as fake:
-        # No periodic refresh during the test: only the lookup can find the newcomer.
-        async with in_process_router(redis_url, refresh_interval=3600) as (router, http):
-            assert not router.view.knows("newcomer")
-            _register(redis_url, "newcomer", f"http://127.0.0.1:{fake.port}", session="fresh")
-            headers = {**JSON_HEADERS, "mcp-session-id": "fresh"}
-            answers = await asyncio.gather(
-                *(http.post("/mcp", content=b"{}", headers=headers) for _ in range(3))
-            )
+    # No periodic refresh during the test: only the lookup can find the newcomer.
+    async with (
+        FakeReplica(die_after=None) as fake,
+        in_process_router(redis_url, refresh_interval=3600) as (router, http),
+    ):
+        assert not router.view.knows("newcomer")
+        _register(redis_url, "newcomer", f"http://127.0.0.1:{fake.port}", session="fresh")
+        headers = {**JSON_HEADERS, "mcp-session-id": "fresh"}
+        answers = await asyncio.gather(
+            *(http.post("/mcp", content=b"{}", headers=headers) for _ in range(3))
+        )
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
     assert fake.requests == 3
     assert _session_known(redis_url, "fresh")
