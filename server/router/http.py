@@ -30,33 +30,16 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER
 
-_TIMEOUT_BODY = b"Request headers not received in time.\n"
-_TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\n"
-    b"content-type: text/plain; charset=utf-8\r\n"
-    b"connection: close\r\n"
-    + ROUTER_ERROR_HEADER.lower().encode()
-    + b": 1\r\n"
-    + b"content-length: "
-    + str(len(_TIMEOUT_BODY)).encode()
-    + b"\r\n\r\n"
-    + _TIMEOUT_BODY
-)
 
-
-def _busy_response() -> bytes:
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": None,
-            "error": {"code": -32000, "message": "Router at its connection limit; retry"},
-        }
-    ).encode()
+def _raw_response(status: bytes, content_type: bytes, body: bytes, extra: bytes = b"") -> bytes:
+    """A whole response written straight to the socket, marked as the router's, closing."""
     return (
-        b"HTTP/1.1 503 Service Unavailable\r\n"
-        b"content-type: application/json\r\n"
-        b"retry-after: 1\r\n"
-        b"connection: close\r\n"
+        b"HTTP/1.1 " + status + b"\r\n"
+        b"content-type: "
+        + content_type
+        + b"\r\n"
+        + extra
+        + b"connection: close\r\n"
         + ROUTER_ERROR_HEADER.lower().encode()
         + b": 1\r\n"
         + b"content-length: "
@@ -66,7 +49,23 @@ def _busy_response() -> bytes:
     )
 
 
-_BUSY_RESPONSE = _busy_response()
+_TIMEOUT_RESPONSE = _raw_response(
+    b"408 Request Timeout",
+    b"text/plain; charset=utf-8",
+    b"Request headers not received in time.\n",
+)
+_BUSY_RESPONSE = _raw_response(
+    b"503 Service Unavailable",
+    b"application/json",
+    json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32000, "message": "Router at its connection limit; retry"},
+        }
+    ).encode(),
+    extra=b"retry-after: 1\r\n",
+)
 
 
 class _BoundedHeaders(HttpToolsProtocol):
