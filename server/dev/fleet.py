@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import Attestation, RedisKeys
@@ -213,6 +214,12 @@ class LocalFleet:
                 retry_on=(OSError, ValueError, KeyError),
             )
 
+    #: Where redis-server listens. Protected mode (loopback clients only) is on
+    #: when that is loopback alone; a backend whose clients come from elsewhere
+    #: (the node's pods, from its bridge) adds that address, and listening on
+    #: loopback and it alone is then the protection.
+    redis_bind: ClassVar[tuple[str, ...]] = ("127.0.0.1",)
+
     def start_redis(self, timeout: float = 30.0) -> None:
         """Start redis-server (again, on the same port, empty, after stop_redis)."""
         assert self.redis_server is not None
@@ -225,7 +232,7 @@ class LocalFleet:
                 "--port",
                 str(self.redis_port),
                 "--bind",
-                "127.0.0.1",
+                *self.redis_bind,
                 "--save",
                 "",
                 "--appendonly",
@@ -233,7 +240,7 @@ class LocalFleet:
                 "--dir",
                 str(self.workdir),
                 "--protected-mode",
-                "yes",
+                "yes" if self.redis_bind == ("127.0.0.1",) else "no",
             ],
             self.workdir / "redis.log",
         )

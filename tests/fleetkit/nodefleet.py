@@ -55,7 +55,7 @@ from mcpfleet.server.contract import (
     KEYRING_LABEL,
     KEYRING_NUDGE_ANNOTATION,
 )
-from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc
+from mcpfleet.server.dev.fleet import FleetError, LocalFleet
 from mcpfleet.server.keys.ring import KeyRing
 
 SERVER_COMPONENT = "server"
@@ -117,42 +117,8 @@ class NodeFleet(LocalFleet):
         self.wait_serving(self.replicas, timeout)
         self.start_routers(timeout)
 
-    def start_redis(self, timeout: float = 30.0) -> None:
-        """redis-server on loopback and on the gateway address (the pods' way in)."""
-        assert self.redis_server is not None
-        if not self.redis_port:
-            from fleetkit.controlplane import free_port
-
-            self.redis_port = free_port()
-        self.redis = Proc(
-            "redis",
-            [
-                self.redis_server,
-                "--port",
-                str(self.redis_port),
-                "--bind",
-                "127.0.0.1",
-                GATEWAY,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                # Protected mode admits loopback only; the pods come from the
-                # bridge. Listening on loopback and the bridge is the protection.
-                "--protected-mode",
-                "no",
-            ],
-            self.workdir / "redis.log",
-        )
-        self.redis.start(self.env())
-        wait_for(
-            self._redis_ping,
-            timeout=timeout,
-            what="redis-server to answer PING",
-            retry_on=(OSError,),
-        )
+    #: redis-server on loopback and on the gateway address (the pods' way in).
+    redis_bind = ("127.0.0.1", GATEWAY)
 
     def stop(self) -> None:
         for proc in self.router_procs:
