@@ -39,6 +39,12 @@ DRAINING_HEADER = "X-Mcpfleet-Draining"
 #: Set on every error response the router made itself (never on one a replica
 #: made), so a client or a person debugging can tell who refused a request.
 ROUTER_ERROR_HEADER = "X-Mcpfleet-Router-Error"
+#: Set by a replica on a 404 that means "no such session here" (it never had
+#: it, or it ended), never on the 404 FastMCP answers a request whose credential
+#: is not the one that opened a live session. The router forgets a session's
+#: route only on this mark (or the owner's successful DELETE, or the owner
+#: gone); it strips the header from client requests and from every response.
+SESSION_ENDED_HEADER = "X-Mcpfleet-Session-Ended"
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 MCP_PATH = "/mcp"

@@ -25,6 +25,8 @@ class TokenIssuer:
     issuer: str = ISSUER
     audience: str = AUDIENCE
     keys: RSAKeyPair = field(default_factory=RSAKeyPair.generate)
+    #: Every token signed, so a test can search logs for any of them.
+    issued: list[str] = field(default_factory=list)
 
     @property
     def public_pem(self) -> str:
@@ -36,12 +38,14 @@ class TokenIssuer:
 
     def token(self, user: str, *, expires_in: int = 3600) -> str:
         """A signed token for ``user`` (``expires_in`` < 0: one already expired)."""
-        return self.keys.create_token(
+        token = self.keys.create_token(
             subject=user,
             issuer=self.issuer,
             audience=self.audience,
             expires_in_seconds=expires_in,
         )
+        self.issued.append(token)
+        return token
 
     def app_env(self, public_key_file: Path, base_url: str) -> dict[str, str]:
         """The environment ``ownapp`` reads: where the key is, who issues, who it is for."""
