@@ -12,8 +12,9 @@ enforces them here:
 * when the flow ends, the replica **claims** the flow id in the fleet's ledger
   before ``finish`` runs: one atomic ``SET key running NX GET PX ttl`` in Redis,
   which either takes the claim or returns who holds it, in one round trip;
-* the claimer runs ``finish`` and stores the result with the claim (bounded in
-  size); a replay of the final round, on any replica, returns that stored
+* the claimer runs ``finish``, answers, and stores the result with the claim
+  (bounded in size; the store is off the answer's path, so a final round costs
+  one Redis round trip); a replay of the final round, on any replica, returns that stored
   result, marked in its ``_meta`` (:data:`ONCE_META_KEY`), without running
   ``finish``; a replay racing the claimer waits (bounded) for the result, or
   gets a retryable error;
@@ -70,6 +71,7 @@ __all__ = [
     "ledger_for",
     "new_flow_id",
     "run_once",
+    "settle",
     "valid_flow_id",
 ]
 
@@ -392,24 +394,45 @@ async def run_once(
         result = await finish()
     except Exception as exc:
         message = str(exc) if isinstance(exc, ToolError) else f"{type(exc).__name__}"
-        await _keep(b, flow, Record("failed", b.replica, message=message))
+        _keep(b, flow, Record("failed", b.replica, message=message))
         raise
     dumped = _dump(result)
     size = len(json.dumps(dumped, separators=(",", ":")))
     if size > b.result_limit:
         reason = f"the result ({size} bytes) was larger than the ledger keeps ({b.result_limit})"
-        await _keep(b, flow, Record("unkept", b.replica, message=reason))
+        _keep(b, flow, Record("unkept", b.replica, message=reason))
     else:
-        await _keep(b, flow, Record("done", b.replica, result=dumped))
+        _keep(b, flow, Record("done", b.replica, result=dumped))
     return result
 
 
-async def _keep(b: _Binding, flow: str, record: Record) -> None:
-    try:
-        await b.ledger.store(flow, record, b.ttl)
-    except LedgerUnavailable as exc:
-        # The action ran; its claim stays "running", so a replay is refused, never rerun.
-        log.warning("once: result of a finished flow not stored: %s", exc)
+#: Stores under way: held so that none is collected before it ran.
+_STORING: set[asyncio.Task[None]] = set()
+
+
+def _keep(b: _Binding, flow: str, record: Record) -> None:
+    """Store the flow's end off the answer's path: the claim was the one round trip it waits.
+
+    A replay arriving before the store landed finds the claim ``running`` and
+    waits for it (bounded), so it still gets the stored result.
+    """
+
+    async def store() -> None:
+        try:
+            await b.ledger.store(flow, record, b.ttl)
+        except LedgerUnavailable as exc:
+            # The action ran; its claim stays "running": a replay is refused, never rerun.
+            log.warning("once: result of a finished flow not stored: %s", exc)
+
+    task = asyncio.ensure_future(store())
+    _STORING.add(task)
+    task.add_done_callback(_STORING.discard)
+
+
+async def settle() -> None:
+    """Wait until every result this process is storing has been stored (or failed to)."""
+    while _STORING:
+        await asyncio.gather(*list(_STORING), return_exceptions=True)
 
 
 async def _replay(

@@ -48,6 +48,7 @@ from mcpfleet.server.keys.files import read_ring
 from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.keys.watch import KeyRingWatcher
 from mcpfleet.server.once import Ledger, MemoryLedger, RedisLedger, install_ledger
+from mcpfleet.server.once import settle as settle_once
 from mcpfleet.server.registry import Publisher, connect, redact_url
 from mcpfleet.server.replica.appload import install_codec, load_app
 from mcpfleet.server.replica.gate import GateState, ReplicaGate
@@ -160,6 +161,8 @@ class Replica:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.metrics.unwatch_rejections()
+            # Results of once-flows answered just before shutdown reach the ledger first.
+            await settle_once()
             if client is not None and self.publisher is not None:
                 await self.publisher.withdraw(self.name)
                 await client.aclose()
