@@ -31,6 +31,7 @@ from mcpfleet.server.contract import (
     SESSION_ENDED_HEADER,
     SESSION_HEADER,
 )
+from mcpfleet.server.httpio import jsonrpc_error, send_whole
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()
 _ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")
@@ -78,15 +79,10 @@ def _header(scope: Scope, key: bytes) -> str | None:
 
 
 async def _plain(
-    send: Send, status: int, body: dict[str, object], extra: list[tuple[bytes, bytes]]
+    send: Send, status: int, body: dict[str, object] | bytes, extra: list[tuple[bytes, bytes]]
 ) -> None:
-    payload = json.dumps(body).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers + extra})
-    await send({"type": "http.response.body", "body": payload})
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    await send_whole(send, status, payload, headers=extra)
 
 
 class ReplicaGate:
@@ -135,11 +131,7 @@ class ReplicaGate:
             await _plain(
                 send,
                 503,
-                {
-                    "jsonrpc": "2.0",
-                    "id": None,
-                    "error": {"code": -32000, "message": f"replica {st.name} is draining"},
-                },
+                jsonrpc_error(-32000, f"replica {st.name} is draining"),
                 [
                     self._name_header,
                     (DRAINING_HEADER.lower().encode(), b"1"),

@@ -29,13 +29,13 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from prometheus_client import generate_latest
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.server.config import ReplicaConfig
 from mcpfleet.server.contract import (
@@ -43,6 +43,7 @@ from mcpfleet.server.contract import (
     Attestation,
     RedisKeys,
 )
+from mcpfleet.server.httpio import send_whole
 from mcpfleet.server.keys.codec import ReloadableCodec
 from mcpfleet.server.keys.files import read_ring
 from mcpfleet.server.keys.ring import KeyRing
@@ -93,7 +94,6 @@ class Replica:
             allowed_hosts=list(config.allowed_hosts) or None,
             allowed_origins=list(config.allowed_origins) or None,
         )
-        self._inner = inner
         self.asgi: ASGIApp = ReplicaGate(
             inner, self.state, extra_routes={"/metrics": self.serve_metrics}
         )
@@ -117,12 +117,7 @@ class Replica:
         body = self.metrics.render()
         if self.rounds.registry is not self.metrics.registry:
             body += generate_latest(self.rounds.registry)
-        headers = [
-            (b"content-type", self.metrics.content_type.encode()),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_whole(send, 200, body, content_type=self.metrics.content_type.encode())
 
     def _install_ledger(self, ledger: Ledger) -> None:
         install_ledger(
@@ -240,17 +235,50 @@ class _DrainingServer(uvicorn.Server):
         self._drain_task = asyncio.ensure_future(drain_then_exit())
 
 
+class _WithLifespan:
+    """An ASGI app whose lifespan also runs ``lifespan`` inside the wrapped app's own.
+
+    The replica's watcher and heartbeat start once the app (FastMCP's session
+    manager) has started, and stop before it stops, through the ASGI lifespan
+    messages alone: nothing of Starlette's is patched.
+    """
+
+    def __init__(
+        self, app: ASGIApp, lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]]
+    ) -> None:
+        self.app = app
+        self.lifespan = lifespan
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        stack = contextlib.AsyncExitStack()
+
+        async def ours_after_startup(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                try:
+                    await stack.enter_async_context(self.lifespan())
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+            await send(message)
+
+        async def ours_before_shutdown() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
+                await stack.aclose()
+            return message
+
+        try:
+            await self.app(scope, ours_before_shutdown, ours_after_startup)
+        finally:
+            await stack.aclose()
+
+
 def build_asgi(replica: Replica) -> ASGIApp:
     """The replica's ASGI app, with the watcher and heartbeat run by its lifespan."""
-    inner_lifespan = replica._inner.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        async with inner_lifespan(app), replica.lifespan():
-            yield
-
-    replica._inner.router.lifespan_context = lifespan
-    return replica.asgi
+    return _WithLifespan(replica.asgi, replica.lifespan)
 
 
 def run_replica(config: ReplicaConfig) -> None:

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcpfleet.server.contract import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+
+_SESSION = SESSION_HEADER.lower()
+_PROTOCOL_VERSION = PROTOCOL_VERSION_HEADER.lower()
+
 #: Session ids the fleet's replicas mint are 32 hex digits (uuid4().hex); the
 #: spec allows visible ASCII. Anything else is refused before any lookup. A comma
 #: is refused too: it is how HTTP joins repeated headers, so an id holding one
@@ -51,7 +56,7 @@ def valid_session_id(value: str) -> bool:
 
 def session_ids(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[str]:
     """Every ``Mcp-Session-Id`` value a request carries, in order (usually none or one)."""
-    return [v.decode("latin-1") for k, v in raw_headers if k.lower() == b"mcp-session-id"]
+    return [v.decode("latin-1") for k, v in raw_headers if k.lower() == _SESSION.encode()]
 
 
 def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -109,9 +114,9 @@ def is_initialize(body: bytes) -> bool:
 
 def classify(method: str, headers: Mapping[str, str], body: bytes) -> RouteKind:
     """Decide how a request is routed. ``headers`` keys are lower-case."""
-    if "mcp-session-id" in headers:
+    if _SESSION in headers:
         return RouteKind.STICKY
-    if headers.get("mcp-protocol-version", "") in MODERN_PROTOCOL_VERSIONS:
+    if headers.get(_PROTOCOL_VERSION, "") in MODERN_PROTOCOL_VERSIONS:
         return RouteKind.STATELESS
     if method == "POST" and is_initialize(body):
         return RouteKind.INITIALIZE

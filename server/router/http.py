@@ -24,11 +24,11 @@ proves it against the installed uvicorn.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER
+from mcpfleet.server.httpio import jsonrpc_error
 
 
 def _raw_response(status: bytes, content_type: bytes, body: bytes, extra: bytes = b"") -> bytes:
@@ -57,13 +57,7 @@ _TIMEOUT_RESPONSE = _raw_response(
 _BUSY_RESPONSE = _raw_response(
     b"503 Service Unavailable",
     b"application/json",
-    json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": None,
-            "error": {"code": -32000, "message": "Router at its connection limit; retry"},
-        }
-    ).encode(),
+    jsonrpc_error(-32000, "Router at its connection limit; retry"),
     extra=b"retry-after: 1\r\n",
 )
 

@@ -39,8 +39,10 @@ from mcpfleet.server.config import RouterConfig
 from mcpfleet.server.contract import (
     DRAINING_HEADER,
     ROUTER_ERROR_HEADER,
+    SESSION_HEADER,
     RedisKeys,
 )
+from mcpfleet.server.httpio import jsonrpc_error, send_whole
 from mcpfleet.server.redisconn import follow_master
 from mcpfleet.server.registry import connect, redact_url
 from mcpfleet.server.router.admission import ClientGone, Rejection, admit
@@ -54,7 +56,13 @@ from mcpfleet.server.router.decisions import (
     valid_session_id,
 )
 from mcpfleet.server.router.metrics import RouterMetrics
-from mcpfleet.server.router.table import Health, RedisDown, ReplicaView, SessionTable
+from mcpfleet.server.router.table import (
+    Health,
+    LookupSource,
+    RedisDown,
+    ReplicaView,
+    SessionTable,
+)
 from mcpfleet.server.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")
@@ -89,29 +97,19 @@ class Route(enum.StrEnum):
     INVALID = "invalid"
 
 
-def _error(code: int, message: str) -> bytes:
-    return json.dumps(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    ).encode()
+_ROUTER_ERROR = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
 
 
 async def _respond(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (ROUTER_ERROR_HEADER.lower().encode(), b"1"),
-    ]
-    await send(
-        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
-    )
-    await send({"type": "http.response.body", "body": body})
+    """An answer the router made itself: marked so, never mistaken for a replica's."""
+    await send_whole(send, status, body, headers=[_ROUTER_ERROR, *(extra or [])])
 
 
 async def _retry_later(send: Send, status: int, code: int, message: str) -> None:
     """A JSON-RPC error the client may retry in a second (503 or 502 with Retry-After)."""
-    await _respond(send, status, _error(code, message), [(b"retry-after", b"1")])
+    await _respond(send, status, jsonrpc_error(code, message), [(b"retry-after", b"1")])
 
 
 class Router:
@@ -245,18 +243,18 @@ class Router:
         except ClientGone:
             return Route.INVALID, Failure.DISCONNECTED
         if isinstance(admitted, Rejection):
-            await _respond(send, admitted.status, _error(admitted.code, admitted.message))
+            await _respond(send, admitted.status, jsonrpc_error(admitted.code, admitted.message))
             return Route.INVALID, Outcome.REJECTED
         headers, body = admitted.headers, admitted.body
         method: str = scope["method"]
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
             # Answered here: a replica would open (and leak) a session for it.
-            await _respond(send, 400, _error(-32700, "Parse error: the body is not JSON"))
+            await _respond(send, 400, jsonrpc_error(-32700, "Parse error: the body is not JSON"))
             return kind.value, Outcome.REJECTED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(
-                scope, receive, send, headers["mcp-session-id"], body, started
+                scope, receive, send, headers[SESSION_HEADER.lower()], body, started
             )
         else:
             outcome = await self._spread(scope, receive, send, kind, body, started)
@@ -266,16 +264,18 @@ class Router:
         self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes, started: float
     ) -> Outcome | Failure:
         if not valid_session_id(session):
-            await _respond(send, 400, _error(-32600, "Bad Request: malformed Mcp-Session-Id"))
+            await _respond(
+                send, 400, jsonrpc_error(-32600, "Bad Request: malformed Mcp-Session-Id")
+            )
             return Outcome.REJECTED
         owner, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
         if owner is None:
-            if source == "unknown":
+            if source is LookupSource.UNKNOWN:
                 # Redis cannot say whether the session exists: a 404 could end a live one.
                 await _retry_later(send, 503, -32000, "Session directory unavailable; retry")
                 return Outcome.UNAVAILABLE
-            await _respond(send, 404, _error(-32600, "Session not found"))
+            await _respond(send, 404, jsonrpc_error(-32600, "Session not found"))
             return Outcome.CLIENT_ERROR
         address = await self.view.locate(owner)
         if address is None:
@@ -303,7 +303,7 @@ class Router:
         log.info("session of %s answered 404: owner %s", owner, reason)
         await self.sessions.forget(session)
         self.metrics.owner_gone.labels(reason).inc()
-        await _respond(send, 404, _error(-32600, "Session not found"))
+        await _respond(send, 404, jsonrpc_error(-32600, "Session not found"))
         return Outcome.OWNER_GONE
 
     async def _spread(
@@ -386,7 +386,7 @@ class Router:
                 return Failure.DRAINING
             try:
                 if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                    created = upstream.headers.get("mcp-session-id")
+                    created = upstream.headers.get(SESSION_HEADER)
                     if created and valid_session_id(created):
                         await self.sessions.record(created, name)
                 elif session is not None and session_ended(upstream):

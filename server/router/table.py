@@ -14,6 +14,7 @@ of it. Sessions opened while Redis was down are written once it returns.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections import OrderedDict
@@ -242,6 +243,17 @@ class ReplicaView:
         ]
 
 
+class LookupSource(enum.StrEnum):
+    """Where a session's owner was found; the values label ``session_lookups_total``."""
+
+    CACHE = "cache"
+    REDIS = "redis"
+    #: Redis answered: no such session.
+    MISS = "miss"
+    #: Redis could not be asked: the session may exist.
+    UNKNOWN = "unknown"
+
+
 class SessionTable:
     def __init__(
         self,
@@ -271,11 +283,8 @@ class SessionTable:
         hit = self._cache.get(session)
         return hit[0] if hit else None
 
-    async def lookup(self, session: str) -> tuple[str | None, str]:
-        """The owner of ``session`` and where it came from: cache, redis, miss or unknown.
-
-        ``unknown`` means Redis could not be asked: the session may exist.
-        """
+    async def lookup(self, session: str) -> tuple[str | None, LookupSource]:
+        """The owner of ``session`` and where it came from (:class:`LookupSource`)."""
         hit = self._cache.get(session)
         if hit is not None:
             owner, touched = hit
@@ -283,17 +292,17 @@ class SessionTable:
             if now - touched > self.ttl / 4:
                 self._remember(session, owner, now)
                 self._spawn(self._touch(session))
-            return owner, "cache"
+            return owner, LookupSource.CACHE
         try:
             raw = await self.client.get(self.keys.session(session))
         except RedisDown as exc:
             self.health.fail(exc)
-            return None, "unknown"
+            return None, LookupSource.UNKNOWN
         if raw is None:
-            return None, "miss"
+            return None, LookupSource.MISS
         owner = raw.decode() if isinstance(raw, bytes) else str(raw)
         self._remember(session, owner, time.monotonic())
-        return owner, "redis"
+        return owner, LookupSource.REDIS
 
     async def record(self, session: str, owner: str) -> None:
         """Remember a new session's owner; written to Redis before the client hears of it."""
