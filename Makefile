@@ -87,12 +87,12 @@ test-conformance: venv deps conformance-suite
 
 # Speed and memory, measured side by side (router vs direct vs nginx); prints a table.
 bench: venv deps bench-deps
-	PYTHONPATH=tests $(PY) -m fleetkit.bench $(BENCH_ARGS)
+	PYTHONPATH=tests $(PY) -m benchkit.bench $(BENCH_ARGS)
 
 # The router as it is against the router of an earlier commit (REF), side by side
 # in front of the same replicas: make bench-ref REF=629218f
 bench-ref: venv deps bench-deps
-	PYTHONPATH=tests $(PY) -m fleetkit.refbench $(REF)
+	PYTHONPATH=tests $(PY) -m benchkit.refbench $(REF)
 
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
 # alert rules checked and unit-tested with promtool.

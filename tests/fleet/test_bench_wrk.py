@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from benchkit.loadgen import run_wrk
 
 from fleetkit.fleet import local_fleet
-from fleetkit.loadgen import run_wrk
 from mcpfleet.server.dev.fleet import LocalFleet
 
 
@@ -58,8 +58,7 @@ async def test_sessions_held_with_a_pending_elicitation_answer_pings_and_finish(
 ) -> None:
     """The bench's handshake sessions, and wrk's sticky script, against a real replica."""
     import aiohttp
-
-    from fleetkit.sessionbench import finish_elicitation, initialize, ping, start_elicitation
+    from benchkit.sessionbench import finish_elicitation, initialize, ping, start_elicitation
 
     url = small_fleet.url
     async with aiohttp.ClientSession() as http:

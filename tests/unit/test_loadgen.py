@@ -6,8 +6,7 @@ import json
 import math
 
 import pytest
-
-from fleetkit.loadgen import (
+from benchkit.loadgen import (
     WrkResult,
     machine_ticks,
     merge,
@@ -74,7 +73,7 @@ def test_parse_result_refuses_output_without_the_result_line() -> None:
 
 
 def test_net_commands_subtract_the_background_rate_over_the_window() -> None:
-    from fleetkit.sessionbench import net_commands
+    from benchkit.sessionbench import net_commands
 
     before = {"get": 10, "set": 100, "sadd": 50}
     after = {"get": 1010, "set": 130, "sadd": 80, "ping": 3}
@@ -84,7 +83,7 @@ def test_net_commands_subtract_the_background_rate_over_the_window() -> None:
 
 
 def test_per_request_totals_and_names_each_command() -> None:
-    from fleetkit.sessionbench import _per_request
+    from benchkit.sessionbench import _per_request
 
     total, detail = _per_request({"get": 1.0, "ping": 0.015}, 1000)
     assert total == "1.01"
@@ -94,7 +93,7 @@ def test_per_request_totals_and_names_each_command() -> None:
 
 
 def test_collapsed_stacks_give_self_and_inclusive_shares() -> None:
-    from fleetkit.profile_summary import read_collapsed
+    from benchkit.profile_summary import read_collapsed
 
     lines = [
         "main (a.py:1);Router._route (server/router/proxy.py:10);leaf (b.py:3) 6",
@@ -116,8 +115,8 @@ def test_collapsed_stacks_give_self_and_inclusive_shares() -> None:
 
 
 def test_relay_share_counts_the_pump_tasks_outside_relay() -> None:
-    from fleetkit.profile_summary import read_collapsed
-    from fleetkit.profilebench import relay_path_share
+    from benchkit.profile_summary import read_collapsed
+    from benchkit.profilebench import relay_path_share
 
     prof = read_collapsed(
         [

@@ -37,9 +37,9 @@ from pathlib import Path
 import aiohttp
 import redis
 
-from fleetkit.hotpath import DIRECT, ROUTER
-from fleetkit.loadgen import WrkResult, run_wrk
-from fleetkit.targets import Figures
+from benchkit.hotpath import DIRECT, ROUTER
+from benchkit.loadgen import WrkResult, run_wrk
+from benchkit.targets import Figures
 from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.server.contract import RedisKeys
 from mcpfleet.server.dev.fleet import LocalFleet

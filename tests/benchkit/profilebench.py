@@ -10,7 +10,7 @@ same machine state, and their ratio is what counts.
 
 py-spy (``record --format raw``, non-blocking) samples each router during one
 more run; the collapsed stacks go to ``.cache/bench/`` and the top frames into
-the table (see :mod:`fleetkit.profile_summary`).
+the table (see :mod:`benchkit.profile_summary`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from fleetkit.loadgen import WrkResult, run_wrk
-from fleetkit.profile_summary import Profile, read_collapsed
+from benchkit.loadgen import WrkResult, run_wrk
+from benchkit.profile_summary import Profile, read_collapsed
 from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, wait_for
 
 Row = tuple[str, str, str, str]

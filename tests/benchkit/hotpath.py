@@ -11,7 +11,7 @@ shared machine hits all three alike:
 * nginx, a plain round-robin proxy over them, as the baseline proxy.
 
 Figures are wrk's (its latency histogram merged over the slices); the CPU
-shares come from /proc over the same runs (see :mod:`fleetkit.loadgen`).
+shares come from /proc over the same runs (see :mod:`benchkit.loadgen`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fleetkit.loadgen import WrkResult, run_wrk
+from benchkit.loadgen import WrkResult, run_wrk
 
 Row = tuple[str, str, str, str]
 DIRECT, ROUTER, NGINX = "direct", "mcpfleet router", "nginx (round robin)"

@@ -12,7 +12,7 @@
 --
 -- Every response is checked (status 200, and the answer the mode expects);
 -- done() prints one line, "mcpfleet-wrk {json}", with the counts and the
--- latency histogram (microseconds -> responses), which fleetkit.loadgen reads.
+-- latency histogram (microseconds -> responses), which benchkit.loadgen reads.
 
 local mode = os.getenv("MCPFLEET_WRK_MODE") or "modern"
 local limit = tonumber(os.getenv("MCPFLEET_WRK_LIMIT") or "0")

@@ -1,6 +1,6 @@
 """The router as it is against the router of an earlier commit, side by side.
 
-``make bench-ref REF=<commit>`` (or ``python -m fleetkit.refbench REF``): one
+``make bench-ref REF=<commit>`` (or ``python -m benchkit.refbench REF``): one
 local fleet of 3 replicas (this tree's code), and two routers in front of the
 same replicas: this tree's, and the one ``REF`` ships (its ``server/`` checked
 out into a detached git worktree and imported from there). wrk drives modern
@@ -21,8 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fleetkit.loadgen import WrkResult, cpu_seconds, run_wrk
-from fleetkit.profilebench import start_extra_router
+from benchkit.loadgen import WrkResult, cpu_seconds, run_wrk
+from benchkit.profilebench import start_extra_router
 from mcpfleet.server.dev.fleet import LocalFleet, Proc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetkit.hotpath import DIRECT, NGINX, ROUTER, HotPath
+from benchkit.hotpath import DIRECT, NGINX, ROUTER, HotPath
 
 Row = tuple[str, str, str, str]
 KIB = 1024

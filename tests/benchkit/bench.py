@@ -4,7 +4,7 @@ Prints one table. Every figure comes from this run on this machine; targets are
 ratios (router vs direct, router vs nginx), never absolute times, and nothing
 here asserts: a benchmark reports, tests prove behaviour.
 
-    PYTHONPATH=tests .venv/bin/python -m fleetkit.bench [--quick]
+    PYTHONPATH=tests .venv/bin/python -m benchkit.bench [--quick]
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import httpx
 
-from fleetkit.hotpath import measure_hot_path
-from fleetkit.loadgen import children
-from fleetkit.profilebench import router_cpu_rows
-from fleetkit.targets import Figures, target_rows
+from benchkit.hotpath import measure_hot_path
+from benchkit.loadgen import children
+from benchkit.profilebench import router_cpu_rows
+from benchkit.targets import Figures, target_rows
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
 from mcpfleet.server.dev.demo import connect
 from mcpfleet.server.dev.fleet import LocalFleet, free_port
@@ -499,22 +499,22 @@ def main() -> None:
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
-    from fleetkit.sessionbench import measure_sessions
+    from benchkit.sessionbench import measure_sessions
 
     rows += asyncio.run(measure_sessions(args.quick, results))
     if not args.scale_only:
-        from fleetkit.oncebench import once_rows
+        from benchkit.oncebench import once_rows
 
         rows += once_rows(args.quick)
     if not args.scale_only:
-        from fleetkit.operatorbench import rotation_rows
+        from benchkit.operatorbench import rotation_rows
 
         rows += rotation_rows(1 if args.quick else 3)
         from fleetkit.failover import failover_rows
 
         rows += failover_rows(args.quick)
     if not args.no_node and not args.scale_only:
-        from fleetkit.node_bench import node_rows
+        from benchkit.node_bench import node_rows
 
         rows += node_rows(args.quick)
     rows += target_rows(results)
