@@ -167,3 +167,26 @@ def condition(
         "message": message,
         "lastTransitionTime": since,
     }
+
+
+def rotation_manifest(
+    keyring: str,
+    *,
+    name: str = "",
+    generate_name: str = "",
+    mode: Mode = "Normal",
+    reason: str = "",
+) -> dict[str, Any]:
+    """A KeyRotation of ``keyring``, as ``mcpfleet rotate``, a schedule or a test creates it.
+
+    Named ``name``, or by the API server from ``generate_name``; labelled with
+    its KeyRing (:data:`KEYRING_REF_LABEL`); ``spec.reason`` only when given.
+    """
+    if bool(name) == bool(generate_name):
+        raise ValueError("a KeyRotation needs exactly one of name and generate_name")
+    meta: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+    meta["labels"] = {KEYRING_REF_LABEL: keyring}
+    spec: dict[str, Any] = {"keyRing": keyring, "mode": mode}
+    if reason:
+        spec["reason"] = reason
+    return {"apiVersion": API_VERSION, "kind": "KeyRotation", "metadata": meta, "spec": spec}

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mcpfleet.operator.api import GROUP, KEYRING_REF_LABEL, KEYRINGS, KEYROTATIONS, VERSION
+from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
 
 log = logging.getLogger("mcpfleet.operator")
 
@@ -252,19 +252,12 @@ def run_rotate(args: argparse.Namespace) -> int:
     if args.status:
         print_status(keyring, _history(custom, namespace, args.keyring))
         return 0
-    body: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "KeyRotation",
-        "metadata": {
-            "generateName": f"{args.keyring}-",
-            "labels": {KEYRING_REF_LABEL: args.keyring},
-        },
-        "spec": {
-            "keyRing": args.keyring,
-            "mode": "Emergency" if args.emergency else "Normal",
-            "reason": args.reason or "mcpfleet rotate",
-        },
-    }
+    body = rotation_manifest(
+        args.keyring,
+        generate_name=f"{args.keyring}-",
+        mode="Emergency" if args.emergency else "Normal",
+        reason=args.reason or "mcpfleet rotate",
+    )
     created: dict[str, Any] = custom.create_namespaced_custom_object(
         GROUP, VERSION, namespace, KEYROTATIONS, body
     )

@@ -34,10 +34,8 @@ from redis.exceptions import RedisError
 from mcpfleet.operator import secretring
 from mcpfleet.operator.api import (
     ACTIVE_PHASES,
-    API_VERSION,
     FINALIZER,
     GROUP,
-    KEYRING_REF_LABEL,
     KEYRINGS,
     KEYROTATIONS,
     TERMINAL_PHASES,
@@ -47,6 +45,7 @@ from mcpfleet.operator.api import (
     SpecError,
     condition,
     parse_time,
+    rotation_manifest,
 )
 from mcpfleet.operator.metrics import OperatorMetrics
 from mcpfleet.operator.rotation import (
@@ -431,15 +430,7 @@ def _schedule(
     if dt.datetime.now(dt.UTC) < due:
         return
     rotation = f"{name}-scheduled-{int(due.timestamp())}"[:253]
-    body = {
-        "apiVersion": API_VERSION,
-        "kind": "KeyRotation",
-        "metadata": {
-            "name": rotation,
-            "labels": {KEYRING_REF_LABEL: name},
-        },
-        "spec": {"keyRing": name, "mode": "Normal", "reason": "scheduled (spec.rotateEvery)"},
-    }
+    body = rotation_manifest(name, name=rotation, reason="scheduled (spec.rotateEvery)")
     try:
         rt.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, KEYROTATIONS, body)
         log.info("scheduled rotation %s of %s/%s", rotation, namespace, name)
@@ -526,15 +517,15 @@ def rotation_deleted(
         action = on_delete(uid, view, str(status.get("newKid") or ""))
         if action == "abort":
             assert current is not None and current.ring is not None
-            aborted = current.ring.abort()
-            written = secretring.replace(rt.core, current, aborted, owner=(name, uid))
+            written = secretring.write_step(rt.core, current, "abort", owner=(name, uid))
+            assert written.ring is not None
             rt.metrics.secret_writes.labels(namespace, key_ring, "abort").inc()
             _nudge(rt, _pods(rt, namespace, ring_spec.selector), written.resource_version)
             kopf.event(
                 body,
                 type="Normal",
                 reason="Aborted",
-                message=f"deleted before promotion: the ring is back to {list(aborted.kids)}",
+                message=f"deleted before promotion: the ring is back to {list(written.ring.kids)}",
             )
     if action == "finish":
         if retry == 0:
@@ -676,18 +667,12 @@ def _perform(
     new: dict[str, Any],
 ) -> secretring.RingSecret | None:
     """Write the Secret for a stage/promote/retire decision; return what was written."""
-    ring = current.ring
-    assert ring is not None
-    if decision.action == "stage":
-        staged = ring.stage()
-        new.update(oldKid=staged.kids[0], newKid=staged.kids[1])
-        result = secretring.replace(rt.core, current, staged, owner=(name, uid))
-    elif decision.action == "promote":
-        result = secretring.replace(rt.core, current, ring.promote(), owner=(name, uid))
-    elif decision.action == "retire":
-        result = secretring.replace(rt.core, current, ring.retire(), owner=(name, uid))
-    else:
+    if decision.action not in secretring.STEPS:
         return None
+    result = secretring.write_step(rt.core, current, decision.action, owner=(name, uid))
+    assert result.ring is not None
+    if decision.action == "stage":
+        new.update(oldKid=result.ring.kids[0], newKid=result.ring.kids[1])
     rt.metrics.secret_writes.labels(namespace, keyring, decision.action).inc()
     return result
 
