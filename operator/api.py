@@ -137,10 +137,6 @@ class RotationSpec:
         raise SpecError(f"spec.mode must be Normal or Emergency, got {mode!r}")
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def parse_time(text: str | None) -> dt.datetime | None:
     """An RFC 3339 timestamp as written by the API server or this operator, else None."""
     if not text:
@@ -149,24 +145,6 @@ def parse_time(text: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def condition(
-    kind: str, ok: bool, reason: str, message: str, previous: list[dict[str, Any]] | None
-) -> dict[str, Any]:
-    """A status condition; ``lastTransitionTime`` moves only when the status flips."""
-    status = "True" if ok else "False"
-    since = now_iso()
-    for old in previous or []:
-        if old.get("type") == kind and old.get("status") == status:
-            since = old.get("lastTransitionTime") or since
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-    }
 
 
 def rotation_manifest(

@@ -128,7 +128,8 @@ def default_namespace() -> str:
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from mcpfleet.operator import handlers  # registers the handlers with kopf
+    from mcpfleet.operator import handlers  # noqa: F401  (importing registers them with kopf)
+    from mcpfleet.operator.runtime import Runtime
     from mcpfleet.server import redisconn
 
     source: redisconn.Source = "argument"
@@ -167,7 +168,7 @@ def run_operator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    runtime = handlers.Runtime(api=api, redis_settings=redis_settings, stall_after=args.stall_after)
+    runtime = Runtime(api=api, redis_settings=redis_settings, stall_after=args.stall_after)
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = args.peering_lifetime
