@@ -1,5 +1,5 @@
 # mcpfleet: one image for the replica (`mcpfleet serve`), the router
-# (`mcpfleet router`) and, later, the operator.
+# (`mcpfleet router`) and the key ring operator (`mcpfleet operator`).
 #
 # Two stages: the build stage makes a virtual environment in /opt/mcpfleet and
 # installs the project into it; the final stage copies only that venv onto the

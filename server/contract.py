@@ -100,9 +100,9 @@ class RedisKeys:
           attestation record and the registry set. The record's pattern covers
           every replica of the fleet, since pod names are not known in advance;
           pruning dead names (EXISTS on their records, SREM) needs that too.
-        * ``router`` (:mod:`mcpfleet.server.routetable`): the session keys,
+        * ``router`` (:mod:`mcpfleet.server.router.table`): the session keys,
           read and write; the registry, read only.
-        * ``operator`` (:mod:`mcpfleet.operator.handlers`): the registry and
+        * ``operator`` (:mod:`mcpfleet.operator.runtime`): the registry and
           the attestations, read only.
 
         PING is the client's health check; SELECT lets a URL name a database.
