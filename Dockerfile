@@ -32,7 +32,8 @@ RUN if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
     rm -f /opt/mcpfleet/bin/activate* /opt/mcpfleet/bin/Activate.ps1
 
 FROM ${BASE}
-ARG VERSION=0.1.0
+# The image's version label: hack/image/build.sh passes pyproject.toml's version.
+ARG VERSION
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="mcpfleet" \
       org.opencontainers.image.description="FastMCP servers whose tools ask for input, horizontally scaled on Kubernetes: replica, router and operator in one image" \
