@@ -320,8 +320,7 @@ def rotation_deleted(
         if patch.get("status", {}).get("phase", phase) != "Complete":
             raise kopf.TemporaryError("finishing the rotation before deletion", delay=ROTATION_TICK)
         return
-    t.metrics.rotations.labels(t.namespace, key_ring, "aborted").inc()
-    t.metrics.set_phase(t.namespace, key_ring, "idle")
+    t.metrics.rotation_ended(t.namespace, key_ring, "aborted")
     memo.forget(t.uid)
 
 
@@ -465,8 +464,7 @@ def _record(
         return
     keyring = rot.key_ring
     if phase == "Complete":
-        t.metrics.rotations.labels(t.namespace, keyring, "complete").inc()
-        t.metrics.set_phase(t.namespace, keyring, "idle")
+        t.metrics.rotation_ended(t.namespace, keyring, "complete")
         t.rt.forget(t.uid)
     else:
         t.metrics.set_phase(t.namespace, keyring, phase)
@@ -497,6 +495,5 @@ def _fail(t: Tick, keyring: str, new: Status, message: str) -> None:
     """The rotation ends Failed: its status, its result metric, a warning Event."""
     new.update(rotation_ended("Failed", message, t.status, new))
     if keyring:
-        t.metrics.rotations.labels(t.namespace, keyring, "failed").inc()
-        t.metrics.set_phase(t.namespace, keyring, "idle")
+        t.metrics.rotation_ended(t.namespace, keyring, "failed")
     t.warn("Failed", message)

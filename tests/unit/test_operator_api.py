@@ -313,3 +313,14 @@ def test_a_step_write_refuses_a_secret_without_a_ring() -> None:
     empty = secretring.ring_of(k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="s"), data={}))
     with pytest.raises(KeyRingError, match=r"no keyring\.json"):
         secretring.write_step(object(), empty, "stage")  # type: ignore[arg-type]
+
+
+def test_a_rotation_that_ends_is_counted_by_result_and_its_keyring_goes_idle() -> None:
+    m = OperatorMetrics()
+    m.set_phase("ns", "ring", "Waiting")
+    m.rotation_ended("ns", "ring", "failed")
+    value = m.registry.get_sample_value
+    labels = {"namespace": "ns", "keyring": "ring"}
+    assert value("mcpfleet_operator_rotations_total", {**labels, "result": "failed"}) == 1
+    assert value("mcpfleet_operator_rotation_phase", {**labels, "phase": "idle"}) == 1
+    assert value("mcpfleet_operator_rotation_phase", {**labels, "phase": "waiting"}) == 0
