@@ -62,6 +62,16 @@ def condition(
     }
 
 
+def conditions(
+    previous: Mapping[str, Any], now: str | None, *entries: tuple[str, bool, str, str]
+) -> list[dict[str, Any]]:
+    """The conditions ``(type, ok, reason, message)``, each keeping its transition time."""
+    old = _conditions(previous)
+    return [
+        condition(kind, ok, reason, message, old, now=now) for kind, ok, reason, message in entries
+    ]
+
+
 def changed(previous: Mapping[str, Any], new: Mapping[str, Any]) -> Status:
     """The fields of ``new`` that differ from ``previous``: what a status patch carries."""
     return {key: value for key, value in new.items() if previous.get(key) != value}
@@ -132,38 +142,38 @@ def keyring_status(
     done = sorted((q for q in entries if q.completed), key=lambda q: q.completed)
     if done:
         new["lastRotation"] = {"name": done[-1].name, "completedAt": done[-1].completed}
-    old = _conditions(previous)
     degraded = phase == "Degraded"
     if active is not None and active.stalled:
         degraded_reason = "Stalled"
     else:
         degraded_reason = "Lagging" if degraded else "AsExpected"
-    new["conditions"] = [
-        condition("Ready", phase in ("Ready", "Rotating"), phase, message, old, now=now),
-        condition(
+    new["conditions"] = conditions(
+        previous,
+        now,
+        ("Ready", phase in ("Ready", "Rotating"), phase, message),
+        (
             "Progressing",
             active is not None,
             "Rotating" if active else "Idle",
             f"rotation {active.name}: {active.phase}" if active else "no rotation running",
-            old,
-            now=now,
         ),
-        condition("Degraded", degraded, degraded_reason, message if degraded else "", old, now=now),
-    ]
+        ("Degraded", degraded, degraded_reason, message if degraded else ""),
+    )
     return new
 
 
 def keyring_invalid(reason: str, previous: Mapping[str, Any], *, now: str | None = None) -> Status:
     """A KeyRing that cannot be acted on (its spec, or a Secret that holds no ring)."""
-    old = _conditions(previous)
     return {
         "phase": "Invalid",
         "message": reason,
-        "conditions": [
-            condition("Ready", False, "Invalid", reason, old, now=now),
-            condition("Progressing", False, "Invalid", "", old, now=now),
-            condition("Degraded", True, "Invalid", reason, old, now=now),
-        ],
+        "conditions": conditions(
+            previous,
+            now,
+            ("Ready", False, "Invalid", reason),
+            ("Progressing", False, "Invalid", ""),
+            ("Degraded", True, "Invalid", reason),
+        ),
     }
 
 
@@ -221,15 +231,16 @@ def rotation_waiting(
     now: str | None = None,
 ) -> Status:
     """Not a step: the rotation waits in its recorded phase ``keep`` and says why."""
-    old = _conditions(previous)
     return {
         "phase": keep,
         "message": message,
-        "conditions": [
-            condition("Progressing", keep != "Pending", "Waiting", message, old, now=now),
-            condition("Degraded", False, "AsExpected", "", old, now=now),
-            condition("Complete", False, keep, message, old, now=now),
-        ],
+        "conditions": conditions(
+            previous,
+            now,
+            ("Progressing", keep != "Pending", "Waiting", message),
+            ("Degraded", False, "AsExpected", ""),
+            ("Complete", False, keep, message),
+        ),
     }
 
 
@@ -242,16 +253,17 @@ def rotation_ended(
     now: str | None = None,
 ) -> Status:
     """A rotation that ends without completing (Failed): degraded, not progressing."""
-    old = _conditions(previous)
     return {
         "phase": phase,
         "message": message,
         "phaseTimestamps": phase_timestamps(previous, new, [phase], now=now),
-        "conditions": [
-            condition("Progressing", False, phase, message, old, now=now),
-            condition("Degraded", True, phase, message, old, now=now),
-            condition("Complete", False, phase, message, old, now=now),
-        ],
+        "conditions": conditions(
+            previous,
+            now,
+            ("Progressing", False, phase, message),
+            ("Degraded", True, phase, message),
+            ("Complete", False, phase, message),
+        ),
     }
 
 
@@ -284,18 +296,12 @@ def rotation_progress(
     }
     if emergency and phase in ("Retiring", "Complete"):
         out["ttlSkipped"] = True
-    old = _conditions(previous)
     message = decision.message
-    out["conditions"] = [
-        condition("Progressing", phase not in TERMINAL_PHASES, phase, message, old, now=now),
-        condition(
-            "Degraded",
-            stalled,
-            "Stalled" if stalled else "AsExpected",
-            message if stalled else "",
-            old,
-            now=now,
-        ),
-        condition("Complete", phase == "Complete", phase, message, old, now=now),
-    ]
+    out["conditions"] = conditions(
+        previous,
+        now,
+        ("Progressing", phase not in TERMINAL_PHASES, phase, message),
+        ("Degraded", stalled, "Stalled" if stalled else "AsExpected", message if stalled else ""),
+        ("Complete", phase == "Complete", phase, message),
+    )
     return out
