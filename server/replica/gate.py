@@ -6,7 +6,9 @@ An ASGI middleware around the FastMCP HTTP app that
   and the replica takes new work; 503 once draining);
 * stamps ``X-Mcpfleet-Replica`` on every response;
 * learns which handshake-era sessions it owns from the ``Mcp-Session-Id`` that
-  answers an ``initialize``, and forgets them on ``DELETE``;
+  answers an ``initialize``, and forgets them on ``DELETE``; marks a 404 for a
+  session it does not hold with ``X-Mcpfleet-Session-Ended`` (a 404 for one it
+  holds answers another principal: the session lives on);
 * counts requests in flight (standalone GET listening streams apart: they
   never end by themselves and must not hold a drain open);
 * once draining, refuses new sessions and stateless rounds with a 503 carrying
@@ -23,9 +25,15 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpfleet.server.contract import DRAINING_HEADER, REPLICA_HEADER, SESSION_HEADER
+from mcpfleet.server.contract import (
+    DRAINING_HEADER,
+    REPLICA_HEADER,
+    SESSION_ENDED_HEADER,
+    SESSION_HEADER,
+)
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()
+_ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")
 
 
 @dataclass
@@ -55,8 +63,8 @@ class GateState:
     def idle(self, now: float | None = None) -> bool:
         """No request in flight and no open session: a draining replica may exit.
 
-        A session counts as open until it is deleted, answered 404, or idle past
-        the session timeout. Waiting for quiet instead would race a session's
+        A session counts as open until it is deleted or idle past the session
+        timeout. Waiting for quiet instead would race a session's
         next request; the drain deadline bounds sessions that are never closed.
         """
         return self.inflight == 0 and self.live_sessions(now) == 0
@@ -160,8 +168,11 @@ class ReplicaGate:
                         st.sessions[created.decode("latin-1")] = time.monotonic()
                 if method == "DELETE" and session is not None and status < 300:
                     st.sessions.pop(session, None)
-                if status == 404 and session is not None:
-                    st.sessions.pop(session, None)
+                if status == 404 and session is not None and not owned:
+                    # No such session here (never opened, or ended): say so to the
+                    # router. A 404 on a session this replica holds answers a
+                    # credential that is not the session's: the session lives on.
+                    headers.append(_ENDED)
             await send(message)
 
         try:

@@ -55,7 +55,7 @@ from mcpfleet.server.router.decisions import (
 )
 from mcpfleet.server.router.metrics import RouterMetrics
 from mcpfleet.server.router.table import Health, RedisDown, ReplicaView, SessionTable
-from mcpfleet.server.router.upstream import Dropped, Failure, Upstream
+from mcpfleet.server.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -282,7 +282,7 @@ class Router:
             # Known dead, or absent from the registry for long: it left.
             return await self._owner_gone(send, session, owner, OwnerGone.DEREGISTERED)
         outcome = await self._forward(
-            scope, receive, send, RouteKind.STICKY, owner, address, body, started
+            scope, receive, send, RouteKind.STICKY, owner, address, body, started, session
         )
         if outcome is Failure.REFUSED:
             self.view.forget(owner)
@@ -294,9 +294,8 @@ class Router:
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
             return await self._owner_gone(send, session, owner, OwnerGone.UNKNOWN_TO_OWNER)
-        if outcome == 404 or (
-            scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300
-        ):
+        if scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300:
+            # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.forget(session)
         return _outcome(outcome)
 
@@ -359,13 +358,16 @@ class Router:
         address: str,
         body: bytes,
         started: float,
+        session: str | None = None,
     ) -> int | Failure:
         """Forward one request to replica ``name`` through :attr:`upstream`.
 
         Around the forwarding itself: the request counts in flight while it
         runs, a new session is recorded and the latency observed once the
-        replica's headers arrived. Returns the status relayed to the client,
-        or the :class:`Failure` that stopped it.
+        replica's headers arrived, and ``session``'s route is forgotten when the
+        replica marks its 404 as "no such session" (an unmarked 404 answers a
+        credential that is not the session's: the session lives on). Returns
+        the status relayed to the client, or the :class:`Failure` that stopped it.
         """
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
@@ -384,9 +386,11 @@ class Router:
                 return Failure.DRAINING
             try:
                 if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                    session = upstream.headers.get("mcp-session-id")
-                    if session and valid_session_id(session):
-                        await self.sessions.record(session, name)
+                    created = upstream.headers.get("mcp-session-id")
+                    if created and valid_session_id(created):
+                        await self.sessions.record(created, name)
+                elif session is not None and session_ended(upstream):
+                    await self.sessions.forget(session)
             except BaseException:
                 upstream.close()
                 raise

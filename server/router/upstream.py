@@ -18,7 +18,12 @@ import logging
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
-from mcpfleet.server.contract import DRAINING_HEADER, REPLICA_HEADER, ROUTER_ERROR_HEADER
+from mcpfleet.server.contract import (
+    DRAINING_HEADER,
+    REPLICA_HEADER,
+    ROUTER_ERROR_HEADER,
+    SESSION_ENDED_HEADER,
+)
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -40,8 +45,15 @@ HOP_BY_HOP = frozenset(
     }
 )
 _CLIENT_MAY_NOT_SET = frozenset(
-    {REPLICA_HEADER.lower(), DRAINING_HEADER.lower(), ROUTER_ERROR_HEADER.lower()}
+    {
+        REPLICA_HEADER.lower(),
+        DRAINING_HEADER.lower(),
+        ROUTER_ERROR_HEADER.lower(),
+        SESSION_ENDED_HEADER.lower(),
+    }
 )
+#: Replica response headers meant for the router only, never relayed to a client.
+_INTERNAL = frozenset({SESSION_ENDED_HEADER.lower()})
 #: Replica response headers the router replaces with its own (uvicorn adds them
 #: to every response): forwarding them too would repeat them.
 _REPLACED_BY_ROUTER = frozenset({"date", "server"})
@@ -98,7 +110,7 @@ def response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tu
     app's trailing-slash redirect) is made relative, so a client that follows
     it comes back through the router instead of going around it.
     """
-    drop = HOP_BY_HOP | _REPLACED_BY_ROUTER
+    drop = HOP_BY_HOP | _REPLACED_BY_ROUTER | _INTERNAL
     drop |= {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
     out = []
     for k, v in resp.raw_headers:
@@ -109,6 +121,15 @@ def response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tu
             v = v[len(replica_base) :]
         out.append((k, v))
     return out
+
+
+def session_ended(resp: aiohttp.ClientResponse) -> bool:
+    """True if the replica answered that the request's session does not exist there.
+
+    Only a replica's own mark counts: a 404 without it may be the answer to a
+    request whose credential is not the session's (the session lives on).
+    """
+    return resp.status == 404 and resp.headers.get(SESSION_ENDED_HEADER) == "1"
 
 
 def _stale_connection(exc: aiohttp.ClientError) -> bool:

@@ -503,6 +503,10 @@ def main() -> None:
 
     rows += asyncio.run(measure_sessions(args.quick, results))
     if not args.scale_only:
+        from fleetkit.oncebench import once_rows
+
+        rows += once_rows(args.quick)
+    if not args.scale_only:
         from fleetkit.operatorbench import rotation_rows
 
         rows += rotation_rows(1 if args.quick else 3)

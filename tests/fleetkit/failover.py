@@ -157,8 +157,10 @@ async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> Failov
             try:
                 async with connect(url, "modern", timeout=15) as client:
                     while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": f"M{n}"})
-                        assert str(result.data).startswith("Booked"), result.data
+                        # Without once=True: a once-flow's final round fails closed
+                        # (retryable) in the seconds no master answers, by design.
+                        result = await client.call_tool("plan_meeting", {"topic": f"M{n}"})
+                        assert str(result.data).startswith("Planned"), result.data
                         report.modern_ok += 1
             except Exception as exc:
                 report.modern_failed += 1

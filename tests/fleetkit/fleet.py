@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -81,11 +81,14 @@ def local_fleet(
     router_args: Sequence[str] = (),
     fleet: str = "test",
     app: str = DEFAULT_APP,
+    env: Mapping[str, str] | None = None,
+    port: int = 0,
 ) -> Iterator[LocalFleet]:
     """A fleet of local processes; torn down (and its ports freed) on exit.
 
     ``app`` may also name a test app in ``tests/fleetkit``: tests/ is on the
-    replicas' ``PYTHONPATH``.
+    replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
+    ``PYTHONPATH`` goes after tests/). ``port``: the first router's (default: free).
     """
     require_redis()
     lf = LocalFleet(
@@ -96,7 +99,13 @@ def local_fleet(
         app=app,
         replica_args=tuple(replica_args),
         router_args=tuple(router_args),
-        extra_env={"PYTHONPATH": str(TESTS_DIR)},
+        port=port,
+        extra_env={
+            **(env or {}),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(TESTS_DIR), (env or {}).get("PYTHONPATH")) if p
+            ),
+        },
     )
     with running(lf, diagnostics):
         yield lf

@@ -88,11 +88,13 @@ def test_state_sealed_before_the_envelope_is_still_read() -> None:
     from mcpfleet.server.guard import _restore
 
     legacy = SimpleNamespace(request_state=json.dumps({"date": "2026-12-24", "_pending": "seat"}))
-    assert _restore(legacy) == ({"date": "2026-12-24"}, "seat")  # type: ignore[arg-type]
+    old = _restore(legacy)  # type: ignore[arg-type]
+    assert (old.answers, old.pending, old.flow) == ({"date": "2026-12-24"}, "seat", None)
     current = SimpleNamespace(
         request_state=json.dumps({"v": 1, "answers": {"_pending": 1}, "pending": "x"})
     )
-    assert _restore(current) == ({"_pending": 1}, "x")  # type: ignore[arg-type]
+    now = _restore(current)  # type: ignore[arg-type]
+    assert (now.answers, now.pending, now.flow) == ({"_pending": 1}, "x", None)
     with pytest.raises(ValueError, match="answers and a pending key"):
         _restore(SimpleNamespace(request_state='{"v": 1, "answers": []}'))  # type: ignore[arg-type]
 
@@ -107,3 +109,43 @@ def test_the_contract_imports_without_fastmcp() -> None:
     assert out.stdout.strip() == "False"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mcpfleet.server.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_once_flow_completes_in_memory_on_both_eras(mode: str) -> None:
+    """Each call is its own flow: once guards replays of a flow's end, not new calls."""
+    probe = FastMCP("probe-once")
+    runs: list[str] = []
+
+    @probe.tool
+    async def buy(item: str, ctx: Context) -> str | InputRequiredResult:
+        def finish(outcome: Outcome) -> str:
+            runs.append(item)
+            return f"bought {item}" if outcome.done and outcome.answers["ok"] else "no"
+
+        return await ask_then(ctx, first_missing([Question("ok", "ok?", bool)]), finish, once=True)
+
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        return response_type(value=True)
+
+    async with Client(probe, mode=mode, elicitation_handler=handler) as client:
+        first = await client.call_tool("buy", {"item": "tea"})
+        second = await client.call_tool("buy", {"item": "tea"})
+    assert str(first.data) == str(second.data) == "bought tea"
+    assert runs == ["tea", "tea"]
+
+
+async def test_once_refuses_a_prompt_at_its_final_round() -> None:
+    probe = FastMCP("probe-once-prompt")
+
+    @probe.prompt
+    async def tone(ctx: Context) -> str | InputRequiredResult:
+        q = first_missing([Question("t", "tone?", str)])
+        return await ask_then(ctx, q, lambda o: "x", once=True)
+
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        return response_type(value="warm")
+
+    async with Client(probe, mode="auto", elicitation_handler=handler) as client:
+        with pytest.raises(Exception, match="guards tools"):
+            await client.get_prompt("tone", {})

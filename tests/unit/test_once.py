@@ -1,0 +1,189 @@
+"""The once-ledger's decisions, without Redis: claims, replays, races, outages, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
+from fastmcp.tools.base import ToolResult
+
+from mcpfleet.server.contract import RedisKeys
+from mcpfleet.server.once import (
+    ONCE_META_KEY,
+    FlowUnavailable,
+    LedgerUnavailable,
+    MemoryLedger,
+    OnceOutcome,
+    Record,
+    install_ledger,
+    new_flow_id,
+    run_once,
+    valid_flow_id,
+)
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class DownLedger:
+    async def claim(self, flow: str, record: Record, ttl: float) -> Record | None:
+        raise LedgerUnavailable("connection refused")
+
+    async def store(self, flow: str, record: Record, ttl: float) -> None:
+        raise LedgerUnavailable("connection refused")
+
+    async def get(self, flow: str) -> Record | None:
+        raise LedgerUnavailable("connection refused")
+
+
+def app_with(ledger: Any, **kw: Any) -> tuple[FastMCP[Any], list[OnceOutcome]]:
+    app: FastMCP[Any] = FastMCP("once-unit")
+    seen: list[OnceOutcome] = []
+    install_ledger(app, ledger, token_ttl=60, replica="r0", observe=seen.append, **kw)
+    return app, seen
+
+
+def counting(runs: list[int], text: str = "charged", delay: float = 0.0) -> Any:
+    async def finish() -> ToolResult:
+        runs.append(1)
+        if delay:
+            await asyncio.sleep(delay)
+        return ToolResult(content=text, structured_content={"result": text})
+
+    return finish
+
+
+def test_flow_ids_are_128_random_bits_in_url_safe_text() -> None:
+    ids = {new_flow_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(valid_flow_id(i) and len(i) == 22 for i in ids)
+    for bad in ("", "x" * 21, "x" * 23, "a/b" + "x" * 19, None, 7):
+        assert not valid_flow_id(bad)
+
+
+def test_the_ledger_key_is_scoped_to_the_fleet() -> None:
+    assert RedisKeys("blue").once("abc") == "mcpfleet:blue:once:abc"
+    rules = RedisKeys("blue").acl_rules("replica")
+    assert "~mcpfleet:blue:once:*" in rules and "+get" in rules and "+set" in rules
+
+
+def test_a_record_round_trips_and_a_bad_one_is_refused() -> None:
+    rec = Record("done", "r1", result={"content": []})
+    assert Record.from_json(rec.to_json()) == rec
+    for raw in ("{", '{"s": "odd"}', '{"s": "done", "result": 3}', "[]"):
+        with pytest.raises(LedgerUnavailable):
+            Record.from_json(raw)
+
+
+async def test_the_first_final_round_claims_and_a_replay_returns_the_stored_result() -> None:
+    app, seen = app_with(MemoryLedger())
+    runs: list[int] = []
+    flow = new_flow_id()
+    first = await run_once(app, flow, counting(runs))
+    assert first.meta is None
+    replay = await run_once(app, flow, counting(runs, "other"))
+    assert runs == [1]
+    assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
+    assert replay.content == first.content
+    assert replay.structured_content == first.structured_content
+    assert seen == [OnceOutcome.CLAIMED, OnceOutcome.REPLAYED]
+
+
+async def test_two_racing_final_rounds_run_finish_once() -> None:
+    app, seen = app_with(MemoryLedger())
+    runs: list[int] = []
+    flow = new_flow_id()
+    results = await asyncio.gather(
+        *(run_once(app, flow, counting(runs, delay=0.05)) for _ in range(5))
+    )
+    assert runs == [1]
+    assert all(r.structured_content == {"result": "charged"} for r in results)
+    assert seen.count(OnceOutcome.CLAIMED) == 1 and seen.count(OnceOutcome.REPLAYED) == 4
+
+
+async def test_a_replay_gives_up_waiting_for_a_slow_claimer_with_a_retryable_error() -> None:
+    app, seen = app_with(MemoryLedger(), wait=0.1)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_finish() -> ToolResult:
+        started.set()
+        await release.wait()
+        return ToolResult(content="charged")
+
+    flow = new_flow_id()
+    slow = asyncio.ensure_future(run_once(app, flow, slow_finish))
+    await asyncio.wait_for(started.wait(), 5)
+    with pytest.raises(FlowUnavailable) as err:
+        await run_once(app, flow, slow_finish)
+    assert err.value.reason is OnceOutcome.PENDING
+    release.set()
+    await slow
+    assert seen == [OnceOutcome.CLAIMED, OnceOutcome.PENDING]
+    replay = await run_once(app, flow, slow_finish)
+    assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
+
+
+async def test_an_unreachable_ledger_fails_closed_and_runs_nothing() -> None:
+    app, seen = app_with(DownLedger())
+    runs: list[int] = []
+    with pytest.raises(FlowUnavailable) as err:
+        await run_once(app, new_flow_id(), counting(runs))
+    assert isinstance(err.value, ToolError)
+    assert err.value.reason is OnceOutcome.UNAVAILABLE
+    assert runs == [] and seen == [OnceOutcome.UNAVAILABLE]
+
+
+async def test_a_result_over_the_bound_is_not_kept_and_its_replay_says_so() -> None:
+    app, seen = app_with(MemoryLedger(), result_limit=200)
+    runs: list[int] = []
+    flow = new_flow_id()
+    first = await run_once(app, flow, counting(runs, "x" * 500))
+    assert first.structured_content == {"result": "x" * 500}
+    replay = await run_once(app, flow, counting(runs))
+    assert runs == [1]
+    assert replay.is_error and "larger than the ledger keeps (200)" in str(replay.content)
+    assert seen[-1] is OnceOutcome.UNKEPT
+
+
+async def test_a_finish_that_raised_is_not_run_again() -> None:
+    app, _ = app_with(MemoryLedger())
+    runs: list[int] = []
+
+    async def broken() -> ToolResult:
+        runs.append(1)
+        raise ToolError("card declined")
+
+    flow = new_flow_id()
+    with pytest.raises(ToolError):
+        await run_once(app, flow, broken)
+    replay = await run_once(app, flow, broken)
+    assert runs == [1]
+    assert replay.is_error and "already ran once and failed: card declined" in str(replay.content)
+
+
+async def test_the_memory_ledger_expires_claims_and_refuses_when_full() -> None:
+    clock = Clock()
+    ledger = MemoryLedger(capacity=2, clock=clock)
+    assert await ledger.claim("a", Record("running"), 10) is None
+    assert await ledger.claim("b", Record("running"), 10) is None
+    with pytest.raises(LedgerUnavailable):
+        await ledger.claim("c", Record("running"), 10)
+    assert (await ledger.claim("a", Record("running"), 10)) == Record("running")
+    clock.now += 11
+    assert await ledger.claim("c", Record("running"), 10) is None
+    assert len(ledger) == 1, "expired claims were pruned"
+
+
+def test_install_ledger_refuses_a_ttl_that_would_expire_claims_early() -> None:
+    with pytest.raises(ValueError, match="token_ttl"):
+        install_ledger(FastMCP("x"), MemoryLedger(), token_ttl=0)
