@@ -1,5 +1,5 @@
 # mcpfleet: one image for the replica (`mcpfleet serve`), the router
-# (`mcpfleet router`) and, later, the operator.
+# (`mcpfleet router`) and the key ring operator (`mcpfleet operator`).
 #
 # Two stages: the build stage makes a virtual environment in /opt/mcpfleet and
 # installs the project into it; the final stage copies only that venv onto the
@@ -32,7 +32,8 @@ RUN if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
     rm -f /opt/mcpfleet/bin/activate* /opt/mcpfleet/bin/Activate.ps1
 
 FROM ${BASE}
-ARG VERSION=0.1.0
+# The image's version label: hack/image/build.sh passes pyproject.toml's version.
+ARG VERSION
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="mcpfleet" \
       org.opencontainers.image.description="FastMCP servers whose tools ask for input, horizontally scaled on Kubernetes: replica, router and operator in one image" \

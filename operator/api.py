@@ -137,10 +137,6 @@ class RotationSpec:
         raise SpecError(f"spec.mode must be Normal or Emergency, got {mode!r}")
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def parse_time(text: str | None) -> dt.datetime | None:
     """An RFC 3339 timestamp as written by the API server or this operator, else None."""
     if not text:
@@ -151,19 +147,24 @@ def parse_time(text: str | None) -> dt.datetime | None:
         return None
 
 
-def condition(
-    kind: str, ok: bool, reason: str, message: str, previous: list[dict[str, Any]] | None
+def rotation_manifest(
+    keyring: str,
+    *,
+    name: str = "",
+    generate_name: str = "",
+    mode: Mode = "Normal",
+    reason: str = "",
 ) -> dict[str, Any]:
-    """A status condition; ``lastTransitionTime`` moves only when the status flips."""
-    status = "True" if ok else "False"
-    since = now_iso()
-    for old in previous or []:
-        if old.get("type") == kind and old.get("status") == status:
-            since = old.get("lastTransitionTime") or since
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-    }
+    """A KeyRotation of ``keyring``, as ``mcpfleet rotate``, a schedule or a test creates it.
+
+    Named ``name``, or by the API server from ``generate_name``; labelled with
+    its KeyRing (:data:`KEYRING_REF_LABEL`); ``spec.reason`` only when given.
+    """
+    if bool(name) == bool(generate_name):
+        raise ValueError("a KeyRotation needs exactly one of name and generate_name")
+    meta: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+    meta["labels"] = {KEYRING_REF_LABEL: keyring}
+    spec: dict[str, Any] = {"keyRing": keyring, "mode": mode}
+    if reason:
+        spec["reason"] = reason
+    return {"apiVersion": API_VERSION, "kind": "KeyRotation", "metadata": meta, "spec": spec}

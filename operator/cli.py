@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mcpfleet.operator.api import GROUP, KEYRING_REF_LABEL, KEYRINGS, KEYROTATIONS, VERSION
+from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
 
 log = logging.getLogger("mcpfleet.operator")
 
@@ -128,7 +128,8 @@ def default_namespace() -> str:
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from mcpfleet.operator import handlers  # registers the handlers with kopf
+    from mcpfleet.operator import handlers  # noqa: F401  (importing registers them with kopf)
+    from mcpfleet.operator.runtime import Runtime
     from mcpfleet.server import redisconn
 
     source: redisconn.Source = "argument"
@@ -167,7 +168,7 @@ def run_operator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    runtime = handlers.Runtime(api=api, redis_settings=redis_settings, stall_after=args.stall_after)
+    runtime = Runtime(api=api, redis_settings=redis_settings, stall_after=args.stall_after)
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = args.peering_lifetime
@@ -252,19 +253,12 @@ def run_rotate(args: argparse.Namespace) -> int:
     if args.status:
         print_status(keyring, _history(custom, namespace, args.keyring))
         return 0
-    body: dict[str, Any] = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "KeyRotation",
-        "metadata": {
-            "generateName": f"{args.keyring}-",
-            "labels": {KEYRING_REF_LABEL: args.keyring},
-        },
-        "spec": {
-            "keyRing": args.keyring,
-            "mode": "Emergency" if args.emergency else "Normal",
-            "reason": args.reason or "mcpfleet rotate",
-        },
-    }
+    body = rotation_manifest(
+        args.keyring,
+        generate_name=f"{args.keyring}-",
+        mode="Emergency" if args.emergency else "Normal",
+        reason=args.reason or "mcpfleet rotate",
+    )
     created: dict[str, Any] = custom.create_namespaced_custom_object(
         GROUP, VERSION, namespace, KEYROTATIONS, body
     )

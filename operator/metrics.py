@@ -85,12 +85,18 @@ class OperatorMetrics:
             for p in GAUGE_PHASES:
                 self.rotation_phase.labels(namespace, keyring, p).set(1 if p == current else 0)
 
+    def rotation_ended(self, namespace: str, keyring: str, result: str) -> None:
+        """A rotation of the KeyRing ended with ``result`` (one of :data:`RESULTS`): count it,
+        and the KeyRing's phase gauge goes back to idle."""
+        self.rotations.labels(namespace, keyring, result).inc()
+        self.set_phase(namespace, keyring, "idle")
+
     def set_replicas(self, namespace: str, keyring: str, desired: int, converged: int) -> None:
         self.replicas.labels(namespace, keyring, "desired").set(desired)
         self.replicas.labels(namespace, keyring, "converged").set(converged)
 
     def forget(self, namespace: str, keyring: str) -> None:
-        """Drop a deleted KeyRing's series (its counters go too: the ring is gone)."""
+        """Drop a deleted KeyRing's gauge series; its counters are kept."""
         for gauge_phase in GAUGE_PHASES:
             _remove(self.rotation_phase, (namespace, keyring, gauge_phase))
         for state in ("desired", "converged"):

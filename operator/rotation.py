@@ -1,6 +1,6 @@
 """The rotation state machine: which step a KeyRotation takes next. Pure functions.
 
-The protocol (``ARCHITECTURE.md``), each step confirmed before the next::
+The protocol (the README's "Key rotation"), each step confirmed before the next::
 
     Pending   -> write [old, new]          (stage: new unseals, nothing seals with it)
     Staging   -> every serving replica attests [old, new]  -> write [new, old]
@@ -20,11 +20,12 @@ always re-checked against live attestations before the next write.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from mcpfleet.operator.api import ACTIVE_PHASES, TERMINAL_PHASES, RotationPhase
+from mcpfleet.operator.api import ACTIVE_PHASES, TERMINAL_PHASES, RotationPhase, parse_time
 from mcpfleet.server.contract import RingPhase
 
 
@@ -95,10 +96,15 @@ class QueueEntry:
     name: str
     uid: str
     created: str
-    phase: str
+    phase: RotationPhase
     stalled: bool = False
     #: When it completed ('' unless Complete).
     completed: str = ""
+
+
+def active_of(queue: Iterable[QueueEntry]) -> QueueEntry | None:
+    """The rotation of a KeyRing's queue that owns its ring now, if any (at most one does)."""
+    return next((q for q in queue if q.phase in ACTIVE_PHASES), None)
 
 
 def turn(uid: str, created: str, name: str, queue: Iterable[QueueEntry]) -> tuple[bool, str]:
@@ -133,7 +139,7 @@ class Observed:
 
     uid: str
     #: The phase recorded in the rotation's status ('' or Pending when new).
-    phase: str
+    phase: RotationPhase | Literal[""]
     new_kid: str
     ring: RingView
     #: Convergence of the serving Pods on ``ring.kids`` as they are now.
@@ -158,10 +164,6 @@ class Decision:
     message: str
     lagging: tuple[str, ...] = ()
 
-    @property
-    def writes(self) -> bool:
-        return self.action in ("stage", "promote", "retire")
-
 
 def _wait(phase: RotationPhase, message: str, conv: Convergence | None = None) -> Decision:
     lagging = conv.lagging if conv is not None else ()
@@ -181,7 +183,7 @@ def _awaiting(phase: RotationPhase, conv: Convergence) -> Decision:
 
 def decide(o: Observed) -> Decision:
     """The next step of one rotation (see the module docstring)."""
-    recorded = o.phase or "Pending"
+    recorded: RotationPhase = o.phase or "Pending"
     if recorded in TERMINAL_PHASES:
         return Decision("none", recorded, recorded, "")
     ring, conv = o.ring, o.convergence
@@ -243,6 +245,19 @@ def _fail(message: str) -> Decision:
     return Decision("fail", "Failed", "Failed", message)
 
 
+def resumed_kids(uid: str, ring: RingView) -> tuple[str, str] | None:
+    """(old, new) kids of the ring this rotation staged, read back from the Secret.
+
+    For an operator that crashed between the stage write and the status that
+    records the new kid: the Secret says which keys this rotation staged.
+    None unless the ring is this rotation's and mid-rotation.
+    """
+    if ring.owner != uid or ring.phase == "stable":
+        return None
+    old, new = ring.kids if ring.phase == "staged" else ring.kids[::-1]
+    return old, new
+
+
 DeleteAction = Literal["release", "abort", "finish"]
 
 
@@ -263,3 +278,56 @@ def on_delete(uid: str, ring: RingView | None, new_kid: str = "") -> DeleteActio
     if new_kid and ring.kids == (new_kid,):
         return "finish"  # retired; Complete once every replica attests it
     return "release"
+
+
+def is_stalled(decision: Decision, waited: float, stall_after: float) -> bool:
+    """Whether a rotation is stalled: an active step held up by lagging replicas too long.
+
+    ``waited`` is how long the rotation has stood in ``decision.phase`` (on
+    the operator's monotonic clock). Only waits on replicas count: the TTL
+    wait with every replica converged is the protocol, not a stall.
+    """
+    return (
+        decision.action == "wait"
+        and decision.phase in ACTIVE_PHASES
+        and bool(decision.lagging)
+        and waited >= stall_after
+    )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a KeyRing's next scheduled rotation is due, and whether to create it now."""
+
+    due: dt.datetime
+    start: bool
+
+    @property
+    def due_text(self) -> str:
+        """``status.nextRotationAt``: RFC 3339 UTC to the second."""
+        return self.due.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def rotation_name(self, keyring: str) -> str:
+        """Derived from the due time: a second creation of it (another tick, another
+        operator) meets 409 instead of making a duplicate rotation."""
+        return f"{keyring}-scheduled-{int(self.due.timestamp())}"[:253]
+
+
+def schedule(
+    every: float,
+    queue: Iterable[QueueEntry],
+    key_created: dt.datetime | None,
+    keyring_created: dt.datetime | None,
+    now: dt.datetime,
+) -> Schedule | None:
+    """``spec.rotateEvery`` after the last completed rotation (else the sealing key's
+    creation, else the KeyRing's), started when due and no other rotation is open."""
+    entries = list(queue)
+    completed = [parse_time(q.completed) for q in entries if q.completed]
+    last = max((c for c in completed if c is not None), default=None)
+    base = last or key_created or keyring_created
+    if base is None:
+        return None
+    due = base + dt.timedelta(seconds=every)
+    idle = all(q.phase in TERMINAL_PHASES for q in entries)
+    return Schedule(due=due, start=idle and now >= due)

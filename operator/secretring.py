@@ -151,6 +151,32 @@ def replace(
     return ring_of(result)
 
 
+#: The rotation steps a Secret write can carry (the methods of :class:`KeyRing` of these names).
+STEPS = ("stage", "promote", "retire", "abort")
+
+
+def write_step(
+    core: k8s.CoreV1Api,
+    current: RingSecret,
+    step: str,
+    *,
+    owner: tuple[str, str] | None = None,
+) -> RingSecret:
+    """Apply ``stage``/``promote``/``retire``/``abort`` to the ring read in ``current``; write it.
+
+    The one function that writes a rotation step: the operator's handlers and
+    the test rig both go through it. Guarded by the resourceVersion of the
+    read: a concurrent change makes it fail with :class:`SecretConflict`,
+    never overwrite.
+    """
+    if step not in STEPS:
+        raise ValueError(f"unknown rotation step {step!r}")
+    if current.ring is None:
+        raise KeyRingError(current.error)
+    ring: KeyRing = getattr(current.ring, step)()
+    return replace(core, current, ring, owner=owner)
+
+
 def apply_step(
     core: k8s.CoreV1Api,
     namespace: str,
@@ -159,21 +185,17 @@ def apply_step(
     *,
     owner: tuple[str, str] | None = None,
 ) -> KeyRing:
-    """Read the Secret, apply ``stage``/``promote``/``retire``/``abort``, write it back.
-
-    One read-modify-write: a concurrent change makes it fail with
-    :class:`SecretConflict`, never overwrite.
-    """
-    if step not in ("stage", "promote", "retire", "abort"):
+    """Read the Secret, then :func:`write_step`: one read-modify-write."""
+    if step not in STEPS:
         raise ValueError(f"unknown rotation step {step!r}")
     current = read(core, namespace, name)
     if current is None:
         raise KeyRingError(f"secret {namespace}/{name} does not exist")
     if current.ring is None:
         raise KeyRingError(f"secret {namespace}/{name}: {current.error}")
-    ring: KeyRing = getattr(current.ring, step)()
-    replace(core, current, ring, owner=owner)
-    return ring
+    written = write_step(core, current, step, owner=owner)
+    assert written.ring is not None, "a ring just written parses"
+    return written.ring
 
 
 def _b64(data: bytes) -> str:

@@ -29,7 +29,12 @@ if TYPE_CHECKING:
     )
     from mcpfleet.server.replica.middleware import PrometheusMiddleware
 
-__version__ = "0.1.0"
+#: The installed distribution's version, read from its metadata on first use
+#: (importlib.metadata costs an import a FastMCP author need not pay). It is
+#: written once, in pyproject.toml, which the image's label
+#: (hack/image/build.sh) reads too; the chart's appVersion must equal it
+#: (tests/unit/test_version.py).
+__version__: str
 
 _EXPORTS = {
     "Answers": "mcpfleet.server.guard",
@@ -58,6 +63,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib import metadata
+
+        version = metadata.version("mcpfleet")
+        globals()[name] = version
+        return version
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'mcpfleet.server' has no attribute {name!r}")

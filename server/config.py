@@ -89,7 +89,7 @@ class RouterConfig:
     #: Connections (and requests in flight) the router holds at once; past it,
     #: new ones get 503 at once rather than queueing.
     max_connections: int = 10000
-    #: DNS-rebinding protection (see routing.OriginPolicy.for_bind): empty means
+    #: DNS-rebinding protection (see router.decisions.OriginPolicy.for_bind): empty means
     #: loopback names for a loopback bind, else any Host and no browser Origin.
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()

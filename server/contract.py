@@ -116,9 +116,9 @@ class RedisKeys:
           pruning dead names (EXISTS on their records, SREM) needs that too.
           The once-ledger (:mod:`mcpfleet.server.once`): its entries, read and
           write (claim: SET NX GET PX; result: SET XX PX; a racing replay: GET).
-        * ``router`` (:mod:`mcpfleet.server.routetable`): the session keys,
+        * ``router`` (:mod:`mcpfleet.server.router.table`): the session keys,
           read and write; the registry, read only.
-        * ``operator`` (:mod:`mcpfleet.operator.handlers`): the registry and
+        * ``operator`` (:mod:`mcpfleet.operator.runtime`): the registry and
           the attestations, read only.
 
         PING is the client's health check; SELECT lets a URL name a database.

@@ -9,6 +9,7 @@ import pytest
 
 _TIERS = {
     "unit": "unit",
+    "packaging": "packaging",
     "fleet": "fleet",
     "controlplane": "controlplane",
     "kind": "kind",

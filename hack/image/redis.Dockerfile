@@ -4,7 +4,8 @@
 # read-only root filesystem and its data in /data.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
-ARG VERSION=0.1.0
+# The image's version label: hack/image/build.sh passes pyproject.toml's version.
+ARG VERSION
 LABEL org.opencontainers.image.title="mcpfleet-redis" \
       org.opencontainers.image.description="Debian's redis-server for the mcpfleet chart's built-in Redis" \
       org.opencontainers.image.version="${VERSION}" \

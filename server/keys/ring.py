@@ -42,7 +42,7 @@ MAX_RING_KEYS = 2
 MAX_DOCUMENT_BYTES = 64 * 1024
 
 # These two constants are those of mcp.server.request_state (its private names);
-# tests/unit/test_keyring.py proves the kid below equals the one mcp's codec puts
+# tests/unit/test_keys_ring.py proves the kid below equals the one mcp's codec puts
 # in every token, so a drift in mcp fails the tests rather than the fleet.
 _KDF_INFO = b"mcp/request-state/v1/aes-256-gcm"
 _KID_INFO = b"mcp/request-state/v1/kid:"

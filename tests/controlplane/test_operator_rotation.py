@@ -15,6 +15,7 @@ serving replicas on a stable ring, one operator acting.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import itertools
 import os
 import subprocess
@@ -189,7 +190,12 @@ async def test_a_full_rotation_under_load_fails_no_round(env: OperatorEnv) -> No
     assert ring["kids"] == [new] and ring["lastRotation"]["name"] == "under-load"
     assert op.metric("mcpfleet_operator_rotation_phase", keyring=RING, phase="idle") == 1
     assert op.metric("mcpfleet_operator_replicas", keyring=RING, state="converged") == 3
-    assert op.metric("mcpfleet_operator_key_age_seconds", keyring=RING) >= 0
+    # The key age is the sealing key's: the new key was created before the
+    # one-TTL wait, and no earlier than keyCreatedAt (whole seconds, rounded down).
+    age = op.metric("mcpfleet_operator_key_age_seconds", keyring=RING)
+    created = dt.datetime.fromisoformat(ring["keyCreatedAt"].replace("Z", "+00:00"))
+    since_created = (dt.datetime.now(dt.UTC) - created).total_seconds()
+    assert STATE_TTL <= age <= since_created + 0.01, (age, since_created)
     # After each write the Pods were nudged with the Secret's resourceVersion.
     version = cf.keyring_secret().metadata.resource_version
     for pod in cf.pods():

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetkit.controlplane import ControlPlane, Helm, free_port, repo_root, tail, wait_for
 from fleetkit.cpfleet import ControlPlaneFleet, control_plane_fleet
-from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION
+from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, Mode, rotation_manifest
 from mcpfleet.operator.rotation import sealing_is_safe
 from mcpfleet.server.contract import RedisKeys
 from mcpfleet.server.registry import read_replicas_sync
@@ -279,20 +279,6 @@ def keyring_body(
     }
 
 
-def rotation_body(
-    name: str, keyring: str, mode: str = "Normal", reason: str = ""
-) -> dict[str, Any]:
-    spec = {"keyRing": keyring, "mode": mode}
-    if reason:
-        spec["reason"] = reason
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "KeyRotation",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
 @dataclass
 class Resources:
     """Create, read, wait on and delete KeyRings and KeyRotations in one namespace."""
@@ -331,8 +317,8 @@ class Resources:
     def rotation(self, name: str) -> dict[str, Any]:
         return self.status(KEYROTATIONS, name)
 
-    def rotate(self, name: str, keyring: str, mode: str = "Normal", reason: str = "") -> None:
-        self.create(KEYROTATIONS, rotation_body(name, keyring, mode, reason))
+    def rotate(self, name: str, keyring: str, mode: Mode = "Normal", reason: str = "") -> None:
+        self.create(KEYROTATIONS, rotation_manifest(keyring, name=name, mode=mode, reason=reason))
 
     def delete(self, plural: str, name: str) -> None:
         with contextlib.suppress(ApiException):

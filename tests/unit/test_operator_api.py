@@ -11,10 +11,12 @@ import yaml
 from kubernetes import client as k8s
 
 from mcpfleet.operator.api import (
+    KEYRING_REF_LABEL,
     KeyRingSpec,
     RotationSpec,
     SpecError,
     parse_duration,
+    rotation_manifest,
     selector_string,
 )
 from mcpfleet.operator.metrics import OperatorMetrics
@@ -285,3 +287,40 @@ def test_every_secret_write_carries_the_version_it_read_and_a_stale_one_is_refus
     assert store.writes == ["7"], "the stale write changed nothing"
     with pytest.raises(ValueError, match="unknown rotation step"):
         secretring.apply_step(core, "ns", "s", "explode")
+
+
+def test_the_keyrotation_manifest_is_labelled_and_named_one_way() -> None:
+    named = rotation_manifest("keys", name="keys-1", mode="Emergency", reason="leak")
+    assert named == {
+        "apiVersion": "mcpfleet.dev/v1alpha1",
+        "kind": "KeyRotation",
+        "metadata": {"name": "keys-1", "labels": {KEYRING_REF_LABEL: "keys"}},
+        "spec": {"keyRing": "keys", "mode": "Emergency", "reason": "leak"},
+    }
+    generated = rotation_manifest("keys", generate_name="keys-")
+    assert generated["metadata"]["generateName"] == "keys-" and "name" not in generated["metadata"]
+    assert "reason" not in generated["spec"] and generated["spec"]["mode"] == "Normal"
+    with pytest.raises(ValueError, match="exactly one"):
+        rotation_manifest("keys")
+    with pytest.raises(ValueError, match="exactly one"):
+        rotation_manifest("keys", name="a", generate_name="b")
+
+
+def test_a_step_write_refuses_a_secret_without_a_ring() -> None:
+    from mcpfleet.operator import secretring
+    from mcpfleet.server.keys.ring import KeyRingError
+
+    empty = secretring.ring_of(k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="s"), data={}))
+    with pytest.raises(KeyRingError, match=r"no keyring\.json"):
+        secretring.write_step(object(), empty, "stage")  # type: ignore[arg-type]
+
+
+def test_a_rotation_that_ends_is_counted_by_result_and_its_keyring_goes_idle() -> None:
+    m = OperatorMetrics()
+    m.set_phase("ns", "ring", "Waiting")
+    m.rotation_ended("ns", "ring", "failed")
+    value = m.registry.get_sample_value
+    labels = {"namespace": "ns", "keyring": "ring"}
+    assert value("mcpfleet_operator_rotations_total", {**labels, "result": "failed"}) == 1
+    assert value("mcpfleet_operator_rotation_phase", {**labels, "phase": "idle"}) == 1
+    assert value("mcpfleet_operator_rotation_phase", {**labels, "phase": "waiting"}) == 0

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 
 import pytest
 
 from mcpfleet.operator.rotation import (
     Convergence,
+    Decision,
     Observed,
     PodView,
     QueueEntry,
     RingView,
+    active_of,
     converge,
     decide,
+    is_stalled,
     on_delete,
+    resumed_kids,
+    schedule,
     sealing_is_safe,
     turn,
 )
@@ -193,3 +199,62 @@ def test_the_safety_invariant_holds_through_the_protocol_and_catches_a_skipped_s
         assert sealing_is_safe([a, b]), (a, b)
     assert not sealing_is_safe([(OLD,), (NEW, OLD)]), "promoted before every replica staged"
     assert not sealing_is_safe([(OLD, NEW), (NEW,)]), "retired before every replica promoted"
+
+
+def test_a_stall_is_an_active_step_held_up_by_lagging_replicas_past_the_bound() -> None:
+    lagging = Decision("wait", "Staging", "Staging", "waiting", ("r1",))
+    assert is_stalled(lagging, waited=120.0, stall_after=120.0)
+    assert not is_stalled(lagging, waited=119.9, stall_after=120.0)
+    # The TTL wait with every replica converged is the protocol, not a stall.
+    ttl_wait = Decision("wait", "Waiting", "Waiting", "waiting one token TTL")
+    assert not is_stalled(ttl_wait, waited=3600.0, stall_after=120.0)
+    # A pending rotation is not holding the ring: it waits, it never stalls.
+    queued = Decision("wait", "Pending", "Pending", "not yet", ("r1",))
+    assert not is_stalled(queued, waited=3600.0, stall_after=120.0)
+    step = Decision("promote", "Staging", "Promoting", "go", ("r1",))
+    assert not is_stalled(step, waited=3600.0, stall_after=120.0)
+
+
+def _q(name: str, phase: str, completed: str = "") -> QueueEntry:
+    return QueueEntry(name, f"uid-{name}", "2026-01-01T00:00:00Z", phase, completed=completed)  # type: ignore[arg-type]
+
+
+def test_the_schedule_counts_from_the_last_completion_else_the_key_else_the_keyring() -> None:
+    t0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    day = 86400.0
+    done = [
+        _q("a", "Complete", "2026-12-03T00:00:00Z"),
+        _q("b", "Complete", "2026-12-02T00:00:00Z"),
+    ]
+    due = schedule(day, done, t0, t0, now=t0)
+    assert due is not None and due.due == dt.datetime(2026, 12, 4, tzinfo=dt.UTC)
+    assert not due.start and due.due_text == "2026-12-04T00:00:00Z"
+    by_key = schedule(day, [], t0 + dt.timedelta(hours=1), t0, now=t0)
+    assert by_key is not None and by_key.due == t0 + dt.timedelta(days=1, hours=1)
+    by_ring = schedule(day, [], None, t0, now=t0 + dt.timedelta(days=1))
+    assert by_ring is not None and by_ring.start
+    assert by_ring.rotation_name("keys") == f"keys-scheduled-{int(by_ring.due.timestamp())}"
+    assert schedule(day, [], None, None, now=t0) is None
+
+
+def test_a_due_rotation_waits_while_another_is_open() -> None:
+    t0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    late = t0 + dt.timedelta(days=30)
+    for open_phase in ("Pending", "Staging", "Waiting"):
+        due = schedule(86400.0, [_q("x", open_phase)], t0, t0, now=late)
+        assert due is not None and not due.start, open_phase
+    ended = schedule(86400.0, [_q("x", "Failed")], t0, t0, now=late)
+    assert ended is not None and ended.start
+
+
+def test_the_active_rotation_is_the_one_that_owns_the_ring() -> None:
+    assert active_of([_q("p", "Pending"), _q("c", "Complete")]) is None
+    active = active_of([_q("p", "Pending"), _q("s", "Retiring")])
+    assert active is not None and active.name == "s"
+
+
+def test_a_resumed_rotation_reads_its_kids_back_from_the_secret() -> None:
+    assert resumed_kids(ME, RingView("staged", (OLD, NEW), ME)) == (OLD, NEW)
+    assert resumed_kids(ME, RingView("promoted", (NEW, OLD), ME)) == (OLD, NEW)
+    assert resumed_kids(ME, RingView("staged", (OLD, NEW), "other")) is None
+    assert resumed_kids(ME, RingView("stable", (NEW,), ME)) is None

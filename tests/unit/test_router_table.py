@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.router import table as routetable
+from mcpfleet.server.router import table as router_table
 from mcpfleet.server.router.table import Health, ReplicaView, ViewState, merge_registry
 
 
@@ -43,8 +43,8 @@ def view(monkeypatch: pytest.MonkeyPatch) -> View:
             raise ConnectionError("redis down")
         return dict(registry["value"])
 
-    monkeypatch.setattr(routetable, "read_replicas", fake_read)
-    monkeypatch.setattr(routetable.time, "monotonic", clock)
+    monkeypatch.setattr(router_table, "read_replicas", fake_read)
+    monkeypatch.setattr(router_table.time, "monotonic", clock)
     client: Any = None  # never used: reads go through the fake above
     return ReplicaView(client=client, keys=RedisKeys("t"), health=Health()), registry, clock
 

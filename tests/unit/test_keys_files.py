@@ -1,8 +1,7 @@
-"""Secret-volume layout: atomic publication, reading and the watcher."""
+"""The Secret-volume files (server/keys/files.py): atomic publication and reading."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from pathlib import Path
@@ -10,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keys.codec import ReloadableCodec
 from mcpfleet.server.keys.files import fingerprint, read_ring, write_ring, write_volume
 from mcpfleet.server.keys.ring import KeyRing, KeyRingError
-from mcpfleet.server.keys.watch import KeyRingWatcher
 
 
 def test_write_ring_lays_out_a_secret_volume(tmp_path: Path) -> None:
@@ -62,42 +59,6 @@ def test_read_ring_errors_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / KEYRING_FILE).write_text("{not json")
     with pytest.raises(KeyRingError, match="not valid JSON"):
         read_ring(tmp_path)
-
-
-def test_watcher_swaps_good_rings_and_keeps_the_last_good_one(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    ring = KeyRing.generate()
-    write_ring(tmp_path, ring)
-    codec = ReloadableCodec(ring)
-    changes: list[KeyRing] = []
-    watcher = KeyRingWatcher(tmp_path, codec, on_change=changes.append)
-    assert watcher.check() is False
-
-    staged = ring.stage()
-    write_ring(tmp_path, staged)
-    assert watcher.check() is True
-    assert codec.kids == staged.kids and changes == [staged]
-
-    secret_text = staged.to_document().decode()
-    with caplog.at_level(logging.INFO, logger="mcpfleet.keyring"):
-        write_volume(tmp_path, {KEYRING_FILE: b""})  # empty
-        assert watcher.check() is False
-        write_volume(tmp_path, {KEYRING_FILE: staged.to_document()[:50]})  # half-written
-        assert watcher.check() is False
-        write_volume(tmp_path, {KEYRING_FILE: b'{"version": 1, "keys": []}'})
-        assert watcher.check() is False
-    assert codec.kids == staged.kids, "a bad ring never replaces a good one"
-    assert watcher.reload_errors == 3
-    assert "keeping kids" in caplog.text
-    for line in secret_text.splitlines():
-        if '"secret"' in line:
-            assert line.split('"')[3] not in caplog.text
-
-    promoted = staged.promote()
-    write_ring(tmp_path, promoted)
-    assert watcher.check() is True
-    assert codec.kids == promoted.kids
 
 
 def test_fingerprint_changes_with_every_publication(tmp_path: Path) -> None:
