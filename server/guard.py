@@ -245,17 +245,23 @@ async def _call(finish: Callable[[Outcome], T | Awaitable[T]], outcome: Outcome)
     return result
 
 
-async def _tool_of(ctx: Context) -> Tool:
-    """The tool this request calls (``once`` stores its result as the client saw it)."""
+def _called_tool(ctx: Context) -> str:
+    """The name of the tool this request calls; refuses anything but a tool call."""
     rc = ctx.request_context
     # FastMCP's escape hatch to the SDK's request context: the JSON-RPC method and params.
     srctx = rc._srctx if rc is not None else None
     params = srctx.params if srctx is not None else None
     if srctx is None or srctx.method != "tools/call" or not params or "name" not in params:
         raise TypeError("ask_then(once=True) guards tools: one-time actions are tool calls")
-    tool = await ctx.fastmcp.get_tool(str(params["name"]))
+    return str(params["name"])
+
+
+async def _tool_of(ctx: Context) -> Tool:
+    """The tool this request calls (a replay converts the stored value as it does)."""
+    name = _called_tool(ctx)
+    tool = await ctx.fastmcp.get_tool(name)
     if tool is None:
-        raise ToolError(f"Unknown tool: {params['name']!r}")
+        raise ToolError(f"Unknown tool: {name!r}")
     return tool
 
 
@@ -287,22 +293,26 @@ async def ask_then(
     is no final round to replay: ``finish`` runs once per call, as without
     ``once``.
 
-    With ``once``, the final round's value reaches FastMCP already converted
-    by the tool (a ``ToolResult``, which FastMCP passes through as is), so the
-    original answer and every replay carry the same content and structured
-    content; the tool's declared return type, and so its output schema, stay
-    as they are.
+    With ``once``, a replay's value is a ``ToolResult`` the tool's own
+    conversion made from the stored value (FastMCP passes it through as is),
+    so the original answer and every replay carry the same content and
+    structured content; the tool's declared return type, and so its output
+    schema, stay as they are.
     """
+    if once and is_modern(ctx):
+        _called_tool(ctx)  # a prompt or resource is refused at its first round
     outcome, claim = await _ask(ctx, next_question, once=once)
     if isinstance(outcome, InputRequiredResult):
         return outcome
     if claim is None:
         return await _call(finish, outcome)
-    tool = await _tool_of(ctx)
     ended = outcome
 
-    async def finish_once() -> ToolResult:
-        return tool.convert_result(await _call(finish, ended))
+    async def finish_once() -> T:
+        return await _call(finish, ended)
 
-    # Typed as T: FastMCP returns a ToolResult unchanged, as the tool's conversion made it.
-    return cast(T, await run_once(ctx.fastmcp, claim, finish_once))
+    async def convert(value: Any) -> ToolResult:
+        return (await _tool_of(ctx)).convert_result(value)
+
+    # finish's value, or a replay's ToolResult (FastMCP passes a ToolResult through as is).
+    return cast(T, await run_once(ctx.fastmcp, claim, finish_once, convert))

@@ -14,7 +14,9 @@ enforces them here:
   which either takes the claim or returns who holds it, in one round trip;
 * the claimer runs ``finish``, answers, and stores the result with the claim
   (bounded in size; the store is off the answer's path, so a final round costs
-  one Redis round trip); a replay of the final round, on any replica, returns that stored
+  one Redis round trip; a JSON value such as a ``str`` is kept as it is and
+  converted by the tool only for a replay, so the original pays no conversion);
+* a replay of the final round, on any replica, returns that stored
   result, marked in its ``_meta`` (:data:`ONCE_META_KEY`), without running
   ``finish``; a replay racing the claimer waits (bounded) for the result, or
   gets a retryable error;
@@ -342,14 +344,24 @@ def _dump(result: ToolResult) -> dict[str, Any]:
     }
 
 
-def _replayed(stored: dict[str, Any]) -> ToolResult:
-    meta = dict(stored.get("meta") or {})
-    meta[ONCE_META_KEY] = {"replayed": True}
+def _restored(stored: dict[str, Any]) -> ToolResult:
     return ToolResult(
         content=_CONTENT.validate_python(stored.get("content") or []),
         structured_content=stored.get("structured_content"),
-        meta=meta,
+        meta=stored.get("meta"),
         is_error=bool(stored.get("is_error")),
+    )
+
+
+def _marked(result: ToolResult) -> ToolResult:
+    """``result`` as a replay: the stored answer, said so in its ``_meta``."""
+    meta = dict(result.meta or {})
+    meta[ONCE_META_KEY] = {"replayed": True}
+    return ToolResult(
+        content=result.content,
+        structured_content=result.structured_content,
+        meta=meta,
+        is_error=result.is_error,
     )
 
 
@@ -361,14 +373,40 @@ def _error_result(message: str) -> ToolResult:
     )
 
 
+def _storable(value: Any) -> dict[str, Any] | None:
+    """What the ledger keeps of ``finish``'s value without converting it, if it can.
+
+    JSON data (a ``str`` above all) is kept as is: a replay converts it with the
+    tool, exactly as FastMCP converted the original, so the final round pays
+    no conversion of its own. A ``ToolResult`` is kept as its wire fields.
+    """
+    if isinstance(value, ToolResult):
+        return {"tool_result": _dump(value)}
+    if isinstance(value, str | int | float | bool) or value is None:
+        return {"raw": value}
+    if isinstance(value, list | dict):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return None
+        return {"raw": value}
+    return None
+
+
 async def run_once(
-    app: FastMCP[Any], flow: str, finish: Callable[[], Awaitable[ToolResult]]
-) -> ToolResult:
+    app: FastMCP[Any],
+    flow: str,
+    finish: Callable[[], Awaitable[Any]],
+    convert: Callable[[Any], Awaitable[ToolResult]],
+) -> Any:
     """Run ``finish`` once for ``flow`` across every replica that shares the app's ledger.
 
-    Returns ``finish``'s result (this round claimed the flow), or the stored
-    result of an earlier final round marked as replayed. Raises
-    :class:`FlowUnavailable` when it can do neither now.
+    Returns ``finish``'s value (this round claimed the flow), or the stored
+    result of an earlier final round as a ``ToolResult`` marked as replayed.
+    ``convert`` turns a value into the tool's ``ToolResult`` (as FastMCP does
+    with what a tool returns); it runs for replays, and for values that are
+    neither JSON nor a ``ToolResult``. Raises :class:`FlowUnavailable` when it
+    can do neither now.
     """
     b = _binding(app)
 
@@ -387,23 +425,26 @@ async def run_once(
             OnceOutcome.UNAVAILABLE,
         ) from None
     if held is not None:
-        return await _replay(b, flow, held, seen)
+        return await _replay(b, flow, held, seen, convert)
 
     seen(OnceOutcome.CLAIMED)
     try:
-        result = await finish()
+        value = await finish()
     except Exception as exc:
         message = str(exc) if isinstance(exc, ToolError) else f"{type(exc).__name__}"
         _keep(b, flow, Record("failed", b.replica, message=message))
         raise
-    dumped = _dump(result)
-    size = len(json.dumps(dumped, separators=(",", ":")))
+    stored = _storable(value)
+    if stored is None:
+        value = await convert(value)
+        stored = {"tool_result": _dump(value)}
+    size = len(json.dumps(stored, separators=(",", ":")))
     if size > b.result_limit:
         reason = f"the result ({size} bytes) was larger than the ledger keeps ({b.result_limit})"
         _keep(b, flow, Record("unkept", b.replica, message=reason))
     else:
-        _keep(b, flow, Record("done", b.replica, result=dumped))
-    return result
+        _keep(b, flow, Record("done", b.replica, result=stored))
+    return value
 
 
 #: Stores under way: held so that none is collected before it ran.
@@ -436,7 +477,11 @@ async def settle() -> None:
 
 
 async def _replay(
-    b: _Binding, flow: str, held: Record, seen: Callable[[OnceOutcome], None]
+    b: _Binding,
+    flow: str,
+    held: Record,
+    seen: Callable[[OnceOutcome], None],
+    convert: Callable[[Any], Awaitable[ToolResult]],
 ) -> ToolResult:
     record: Record | None = held
     deadline = time.monotonic() + b.wait
@@ -456,7 +501,10 @@ async def _replay(
         )
     if record.state == "done" and record.result is not None:
         seen(OnceOutcome.REPLAYED)
-        return _replayed(record.result)
+        kept = record.result
+        if "raw" in kept:
+            return _marked(await convert(kept["raw"]))
+        return _marked(_restored(kept.get("tool_result") or {}))
     seen(OnceOutcome.UNKEPT)
     if record.state == "failed":
         return _error_result(f"This action already ran once and failed: {record.message}")

@@ -135,7 +135,7 @@ async def test_a_once_flow_completes_in_memory_on_both_eras(mode: str) -> None:
     assert runs == ["tea", "tea"]
 
 
-async def test_once_refuses_a_prompt_at_its_final_round() -> None:
+async def test_once_refuses_a_prompt() -> None:
     probe = FastMCP("probe-once-prompt")
 
     @probe.prompt

@@ -53,6 +53,11 @@ def app_with(ledger: Any, **kw: Any) -> tuple[FastMCP[Any], list[OnceOutcome]]:
     return app, seen
 
 
+async def convert(value: Any) -> ToolResult:
+    """As a tool with a wrapped str output schema converts its value."""
+    return ToolResult(content=str(value), structured_content={"result": value})
+
+
 def counting(runs: list[int], text: str = "charged", delay: float = 0.0) -> Any:
     async def finish() -> ToolResult:
         runs.append(1)
@@ -89,9 +94,9 @@ async def test_the_first_final_round_claims_and_a_replay_returns_the_stored_resu
     app, seen = app_with(MemoryLedger())
     runs: list[int] = []
     flow = new_flow_id()
-    first = await run_once(app, flow, counting(runs))
+    first = await run_once(app, flow, counting(runs), convert)
     assert first.meta is None
-    replay = await run_once(app, flow, counting(runs, "other"))
+    replay = await run_once(app, flow, counting(runs, "other"), convert)
     assert runs == [1]
     assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
     assert replay.content == first.content
@@ -99,12 +104,32 @@ async def test_the_first_final_round_claims_and_a_replay_returns_the_stored_resu
     assert seen == [OnceOutcome.CLAIMED, OnceOutcome.REPLAYED]
 
 
+async def test_a_plain_value_is_kept_as_is_and_converted_by_the_tool_for_a_replay() -> None:
+    app, _ = app_with(MemoryLedger())
+    converted: list[Any] = []
+
+    async def tool_convert(value: Any) -> ToolResult:
+        converted.append(value)
+        return await convert(value)
+
+    async def finish() -> str:
+        return "Purchased tea"
+
+    flow = new_flow_id()
+    assert await run_once(app, flow, finish, tool_convert) == "Purchased tea"
+    assert converted == [], "the original round converts nothing itself"
+    replay = await run_once(app, flow, finish, tool_convert)
+    assert converted == ["Purchased tea"]
+    assert replay.structured_content == {"result": "Purchased tea"}
+    assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
+
+
 async def test_two_racing_final_rounds_run_finish_once() -> None:
     app, seen = app_with(MemoryLedger())
     runs: list[int] = []
     flow = new_flow_id()
     results = await asyncio.gather(
-        *(run_once(app, flow, counting(runs, delay=0.05)) for _ in range(5))
+        *(run_once(app, flow, counting(runs, delay=0.05), convert) for _ in range(5))
     )
     assert runs == [1]
     assert all(r.structured_content == {"result": "charged"} for r in results)
@@ -121,15 +146,15 @@ async def test_a_replay_gives_up_waiting_for_a_slow_claimer_with_a_retryable_err
         return ToolResult(content="charged")
 
     flow = new_flow_id()
-    slow = asyncio.ensure_future(run_once(app, flow, slow_finish))
+    slow = asyncio.ensure_future(run_once(app, flow, slow_finish, convert))
     await asyncio.wait_for(started.wait(), 5)
     with pytest.raises(FlowUnavailable) as err:
-        await run_once(app, flow, slow_finish)
+        await run_once(app, flow, slow_finish, convert)
     assert err.value.reason is OnceOutcome.PENDING
     release.set()
     await slow
     assert seen == [OnceOutcome.CLAIMED, OnceOutcome.PENDING]
-    replay = await run_once(app, flow, slow_finish)
+    replay = await run_once(app, flow, slow_finish, convert)
     assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
 
 
@@ -137,7 +162,7 @@ async def test_an_unreachable_ledger_fails_closed_and_runs_nothing() -> None:
     app, seen = app_with(DownLedger())
     runs: list[int] = []
     with pytest.raises(FlowUnavailable) as err:
-        await run_once(app, new_flow_id(), counting(runs))
+        await run_once(app, new_flow_id(), counting(runs), convert)
     assert isinstance(err.value, ToolError)
     assert err.value.reason is OnceOutcome.UNAVAILABLE
     assert runs == [] and seen == [OnceOutcome.UNAVAILABLE]
@@ -147,9 +172,9 @@ async def test_a_result_over_the_bound_is_not_kept_and_its_replay_says_so() -> N
     app, seen = app_with(MemoryLedger(), result_limit=200)
     runs: list[int] = []
     flow = new_flow_id()
-    first = await run_once(app, flow, counting(runs, "x" * 500))
+    first = await run_once(app, flow, counting(runs, "x" * 500), convert)
     assert first.structured_content == {"result": "x" * 500}
-    replay = await run_once(app, flow, counting(runs))
+    replay = await run_once(app, flow, counting(runs), convert)
     assert runs == [1]
     assert replay.is_error and "larger than the ledger keeps (200)" in str(replay.content)
     assert seen[-1] is OnceOutcome.UNKEPT
@@ -165,8 +190,8 @@ async def test_a_finish_that_raised_is_not_run_again() -> None:
 
     flow = new_flow_id()
     with pytest.raises(ToolError):
-        await run_once(app, flow, broken)
-    replay = await run_once(app, flow, broken)
+        await run_once(app, flow, broken, convert)
+    replay = await run_once(app, flow, broken, convert)
     assert runs == [1]
     assert replay.is_error and "already ran once and failed: card declined" in str(replay.content)
 
