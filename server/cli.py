@@ -171,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--url", default="http://127.0.0.1:8000/mcp")
     m.add_argument("--era", choices=["modern", "handshake"], default="modern")
 
-    t = sub.add_parser("selftest", help="one modern and one handshake round through a fleet")
+    t = sub.add_parser(
+        "selftest",
+        help="both eras through a fleet: initialize and tools/list, or an auth app's 401",
+    )
     t.add_argument("url", help="the fleet's MCP endpoint, e.g. http://mcpfleet-router/mcp")
     from mcpfleet.operator.cli import add_parsers as add_operator_parsers
 
