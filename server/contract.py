@@ -86,6 +86,14 @@ class RedisKeys:
         """The owner (replica name) of one handshake-era session."""
         return f"{self.prefix}:session:{session_id}"
 
+    def once(self, flow: str) -> str:
+        """The ledger entry of one exactly-once guard flow (:mod:`mcpfleet.server.once`).
+
+        Holds the flow's state and its final result, never answers or keys, and
+        expires with the claim (at least the token TTL).
+        """
+        return f"{self.prefix}:once:{flow}"
+
     def acl_rules(self, component: RedisComponent) -> list[str]:
         """The Redis ACL rules ``component`` needs in this fleet, and nothing more.
 
@@ -100,6 +108,8 @@ class RedisKeys:
           attestation record and the registry set. The record's pattern covers
           every replica of the fleet, since pod names are not known in advance;
           pruning dead names (EXISTS on their records, SREM) needs that too.
+          The once-ledger (:mod:`mcpfleet.server.once`): its entries, read and
+          write (claim: SET NX GET PX; result: SET XX PX; a racing replay: GET).
         * ``router`` (:mod:`mcpfleet.server.routetable`): the session keys,
           read and write; the registry, read only.
         * ``operator`` (:mod:`mcpfleet.operator.handlers`): the registry and
@@ -111,10 +121,10 @@ class RedisKeys:
         records, registry = f"{self.prefix}:replica:*", self.replicas
         base = ["resetkeys", "resetchannels", "-@all", "+ping", "+select"]
         if component == "replica":
-            keys = [f"~{registry}", f"~{records}"]
+            keys = [f"~{registry}", f"~{records}", f"~{self.prefix}:once:*"]
             # publish: MULTI, SET (PX), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
-            # withdraw at exit: DEL, SREM.
-            commands = ["multi", "exec", "set", "sadd", "smembers", "exists", "srem", "del"]
+            # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET.
+            commands = ["multi", "exec", "set", "sadd", "smembers", "exists", "srem", "del", "get"]
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
             # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL.

@@ -14,8 +14,12 @@ A tool describes its questions as a function of the answers so far
 
 Declines and cancels end the flow with an :class:`Outcome` the tool reports,
 never an exception. The request state is mcpfleet's own envelope
-(``{"v": 1, "answers": ..., "pending": key}``), so any answer key is free for
-the tool to use.
+(``{"v": 1, "answers": ..., "pending": key}``, and ``"flow": id`` for a
+once-flow), so any answer key is free for the tool to use.
+
+``ask_then(..., once=True)`` makes the end of a modern-era tool flow happen once
+per flow, fleet-wide: a replay of the final round, on any replica, returns the
+original result without running ``finish`` again (:mod:`mcpfleet.server.once`).
 
 Example::
 
@@ -35,17 +39,21 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from fastmcp import Context
+from fastmcp.exceptions import ToolError
 from fastmcp.server.elicitation import (
     AcceptedElicitation,
     handle_elicit_accept,
     parse_elicit_response_type,
 )
+from fastmcp.tools.base import Tool, ToolResult
 from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
+
+from mcpfleet.server.once import new_flow_id, run_once, valid_flow_id
 
 __all__ = [
     "Answers",
@@ -113,11 +121,21 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _restore(ctx: Context) -> tuple[Answers, str | None]:
-    """The answers so far and the key of the question the client was asked, if any."""
+@dataclass(frozen=True)
+class _Restored:
+    """What an earlier round of this flow sealed: answers, the pending key, the flow id."""
+
+    answers: Answers
+    pending: str | None
+    flow: str | None
+    continued: bool
+
+
+def _restore(ctx: Context) -> _Restored:
+    """The answers so far, the key of the question the client was asked, the flow id."""
     raw = ctx.request_state
     if raw is None:
-        return {}, None
+        return _Restored({}, None, None, continued=False)
     # The framework unsealed and authenticated this: it is what an earlier round wrote.
     state = json.loads(raw)
     if not isinstance(state, dict):
@@ -126,10 +144,11 @@ def _restore(ctx: Context) -> tuple[Answers, str | None]:
         answers, pending = state.get("answers"), state.get("pending")
         if not isinstance(answers, dict) or not (pending is None or isinstance(pending, str)):
             raise ValueError("request state does not hold answers and a pending key")
-        return answers, pending
+        flow = state.get("flow")
+        return _Restored(answers, pending, flow if valid_flow_id(flow) else None, continued=True)
     # A round sealed before the envelope existed (a replica of an older version).
     pending = state.pop(_LEGACY_PENDING, None)
-    return state, pending if isinstance(pending, str) else None
+    return _Restored(state, pending if isinstance(pending, str) else None, None, continued=True)
 
 
 def _fold(
@@ -164,50 +183,126 @@ async def ask(ctx: Context, next_question: NextQuestion) -> Outcome | InputRequi
     ``InputRequiredResult`` the tool must return to ask the next question.
     :func:`ask_then` does that branching for you.
     """
-    if is_modern(ctx):
-        answers, pending = _restore(ctx)
-        ended = _fold(ctx, answers, pending, next_question)
-        if ended is not None:
-            return ended
-        question = next_question(answers)
-        if question is None:
-            return Outcome(status="done", answers=answers)
-        config = parse_elicit_response_type(question.response_type)
-        request = ElicitRequest(
-            params=ElicitRequestFormParams(message=question.message, requested_schema=config.schema)
-        )
-        state = json.dumps(
-            {"v": _STATE_VERSION, "answers": answers, "pending": question.key},
-            separators=(",", ":"),
-        )
-        return InputRequiredResult(input_requests={question.key: request}, request_state=state)
+    result, _ = await _ask(ctx, next_question, once=False)
+    return result
 
-    answers = {}
+
+def _modern_round(
+    ctx: Context, next_question: NextQuestion, once: bool
+) -> tuple[Outcome | InputRequiredResult, str | None]:
+    """One modern-era round: the outcome (or next question) and the flow id to claim, if any."""
+    restored = _restore(ctx)
+    answers, flow = restored.answers, restored.flow
+    if once and restored.continued and flow is None:
+        # Sealed without a flow id: by a round without once, or an older replica.
+        raise ToolError(
+            "This request continues a flow that was not started with exactly-once protection; "
+            "start the action again."
+        )
+    if once and flow is None:
+        flow = new_flow_id()
+    # Only a round that continued a flow can be a replay of its end.
+    claim = flow if once and restored.continued else None
+    ended = _fold(ctx, answers, restored.pending, next_question)
+    if ended is not None:
+        return ended, claim
+    question = next_question(answers)
+    if question is None:
+        return Outcome(status="done", answers=answers), claim
+    config = parse_elicit_response_type(question.response_type)
+    request = ElicitRequest(
+        params=ElicitRequestFormParams(message=question.message, requested_schema=config.schema)
+    )
+    envelope: dict[str, Any] = {"v": _STATE_VERSION, "answers": answers, "pending": question.key}
+    if flow is not None:
+        envelope["flow"] = flow
+    state = json.dumps(envelope, separators=(",", ":"))
+    return InputRequiredResult(input_requests={question.key: request}, request_state=state), None
+
+
+async def _ask(
+    ctx: Context, next_question: NextQuestion, *, once: bool
+) -> tuple[Outcome | InputRequiredResult, str | None]:
+    if is_modern(ctx):
+        return _modern_round(ctx, next_question, once)
+
+    answers: Answers = {}
     while (question := next_question(answers)) is not None:
         result = await ctx.elicit(question.message, question.response_type)
         if not isinstance(result, AcceptedElicitation):
             status: Literal["declined", "cancelled"] = (
                 "declined" if result.action == "decline" else "cancelled"
             )
-            return Outcome(status=status, answers=answers, key=question.key)
+            return Outcome(status=status, answers=answers, key=question.key), None
         answers[question.key] = _jsonable(result.data)
-    return Outcome(status="done", answers=answers)
+    return Outcome(status="done", answers=answers), None
+
+
+async def _call(finish: Callable[[Outcome], T | Awaitable[T]], outcome: Outcome) -> T:
+    result = finish(outcome)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+async def _tool_of(ctx: Context) -> Tool:
+    """The tool this request calls (``once`` stores its result as the client saw it)."""
+    rc = ctx.request_context
+    # FastMCP's escape hatch to the SDK's request context: the JSON-RPC method and params.
+    srctx = rc._srctx if rc is not None else None
+    params = srctx.params if srctx is not None else None
+    if srctx is None or srctx.method != "tools/call" or not params or "name" not in params:
+        raise TypeError("ask_then(once=True) guards tools: one-time actions are tool calls")
+    tool = await ctx.fastmcp.get_tool(str(params["name"]))
+    if tool is None:
+        raise ToolError(f"Unknown tool: {params['name']!r}")
+    return tool
 
 
 async def ask_then(
     ctx: Context,
     next_question: NextQuestion,
     finish: Callable[[Outcome], T | Awaitable[T]],
+    *,
+    once: bool = False,
 ) -> T | InputRequiredResult:
     """Run the flow; return the next question's ``InputRequiredResult``, or ``finish(outcome)``.
 
     A tool, prompt or resource returns what this returns, whatever the era.
     ``finish`` may be a plain function or a coroutine function.
+
+    ``once=True`` (tools only) makes the end of the flow happen once per flow
+    across the fleet, for one-time actions (a purchase, a booking). On the
+    modern era the flow's first round mints a flow id into the sealed request
+    state; when the flow ends (done, declined or cancelled), the replica claims
+    the id in the fleet's ledger (Redis; in-process when standalone) before
+    ``finish`` runs, and stores the tool's result with the claim. A replay of
+    that final round, on any replica, returns the stored result, with
+    ``_meta["mcpfleet.dev/once"] == {"replayed": True}``, without running
+    ``finish``. Two replays racing: ``finish`` runs once; the other gets the
+    stored result after a bounded wait, or a retryable error. A ledger that
+    cannot be asked fails the round with a retryable error
+    (:class:`~mcpfleet.server.once.FlowUnavailable`) and never runs ``finish``.
+    On the handshake era a flow lives in one request of one process, so there
+    is no final round to replay: ``finish`` runs once per call, as without
+    ``once``.
+
+    With ``once``, the final round's value reaches FastMCP already converted
+    by the tool (a ``ToolResult``, which FastMCP passes through as is), so the
+    original answer and every replay carry the same content and structured
+    content; the tool's declared return type, and so its output schema, stay
+    as they are.
     """
-    outcome = await ask(ctx, next_question)
+    outcome, claim = await _ask(ctx, next_question, once=once)
     if isinstance(outcome, InputRequiredResult):
         return outcome
-    result = finish(outcome)
-    if inspect.isawaitable(result):
-        return await result
-    return result
+    if claim is None:
+        return await _call(finish, outcome)
+    tool = await _tool_of(ctx)
+    ended = outcome
+
+    async def finish_once() -> ToolResult:
+        return tool.convert_result(await _call(finish, ended))
+
+    # Typed as T: FastMCP returns a ToolResult unchanged, as the tool's conversion made it.
+    return cast(T, await run_once(ctx.fastmcp, claim, finish_once))

@@ -5,6 +5,8 @@ mcpfleet's public API (:mod:`mcpfleet.server.guard`): on 2026-07-28 it returns a
 ``InputRequiredResult`` and carries its progress in the sealed
 ``request_state``, so each round may land on any replica; on a handshake-era
 session it calls ``ctx.elicit`` and pauses in the replica that owns the session.
+The one-time actions (``book_flight``, ``confirm_purchase``) pass ``once=True``:
+their final round runs once per flow, fleet-wide, however often it is replayed.
 
 Run it with ``mcpfleet serve`` (the default ``--app``) or any FastMCP runner.
 """
@@ -91,7 +93,8 @@ async def book_flight(
             f"for EUR {SEAT_PRICES[answers['seat']]}. Reference {ref}."
         )
 
-    return await ask_then(ctx, next_question, finish)
+    # A booking is a one-time action: replaying the confirming round books nothing more.
+    return await ask_then(ctx, next_question, finish, once=True)
 
 
 # --- meeting planner: steps that depend on earlier answers ------------------------------
@@ -150,7 +153,8 @@ async def confirm_purchase(
         return f"Purchased {item} for EUR {amount_eur:.2f}. Order {_reference(item, amount_eur)}."
 
     question = Question("ok", f"Buy {item} for EUR {amount_eur:.2f}?", bool)
-    return await ask_then(ctx, first_missing([question]), finish)
+    # A purchase happens once per confirmation, whichever replica a replay reaches.
+    return await ask_then(ctx, first_missing([question]), finish, once=True)
 
 
 # --- multi-select tags -------------------------------------------------------------------

@@ -15,6 +15,11 @@ in the same registry and served on the same ``/metrics``):
 * ``mcpfleet_keyring_info{kids, phase}``, ``mcpfleet_keyring_keys``, reloads by
   result, the time of the last good load, and whether the ring on disk is one
   the replica refused.
+* ``mcpfleet_once_total{outcome}``: final rounds of exactly-once flows
+  (``ask_then(..., once=True)``) by what the ledger said: ``claimed`` (finish
+  ran), ``replayed`` (the stored result returned), ``unavailable`` (the ledger
+  could not be asked: the retryable error), ``pending`` (a replay gave up
+  waiting for a racing claimer), ``unkept`` (a replay of a result not kept).
 * ``mcpfleet_replica_build_info``, live handshake sessions, requests in flight,
   listening streams, ready and draining state.
 
@@ -37,6 +42,7 @@ from prometheus_client.registry import Collector
 
 from mcpfleet.server import __version__
 from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.once import OnceOutcome
 from mcpfleet.server.replica.gate import GateState
 
 #: The logger ``mcp``'s request-state boundary reports every rejection on.
@@ -185,6 +191,14 @@ class ReplicaMetrics:
             "good ring).",
             registry=r,
         )
+        self.once = Counter(
+            "mcpfleet_once",
+            "Final rounds of exactly-once guard flows, by what the fleet's ledger said.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in OnceOutcome:
+            self.once.labels(outcome.value)
         build = Gauge(
             "mcpfleet_replica_build_info",
             "The replica's software: mcpfleet, fastmcp and mcp versions, and the app served.",
@@ -216,6 +230,10 @@ class ReplicaMetrics:
             self.seals.labels(value).inc()
         elif event == "unseal":
             self.unseals.labels(value).inc()
+
+    def once_outcome(self, outcome: OnceOutcome) -> None:
+        """The once-ledger's observer."""
+        self.once.labels(outcome.value).inc()
 
     def reload_result(self, result: str) -> None:
         """The key ring watcher's observer: ``loaded``, ``unchanged`` or ``error``."""

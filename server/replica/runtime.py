@@ -11,6 +11,10 @@ every modern continuation routed to it), then serves under uvicorn with:
   :class:`~mcpfleet.server.replica.middleware.PrometheusMiddleware`, added unless the app
   has one), request state and key ring, sessions and drain state
   (:mod:`mcpfleet.server.replica.metrics`);
+* the once-ledger of ``ask_then(..., once=True)`` flows
+  (:mod:`mcpfleet.server.once`): the fleet's Redis when configured, so a final
+  round replayed on any replica runs ``finish`` once; this process's memory
+  when standalone;
 * drain on SIGTERM: the replica attests ``draining`` and refuses new work at
   once, serves the sessions it owns until every one is closed (deleted, or idle
   past the session idle time) and nothing is in flight, or the deadline
@@ -43,6 +47,7 @@ from mcpfleet.server.keys.codec import ReloadableCodec
 from mcpfleet.server.keys.files import read_ring
 from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.keys.watch import KeyRingWatcher
+from mcpfleet.server.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.server.registry import Publisher, connect, redact_url
 from mcpfleet.server.replica.appload import install_codec, load_app
 from mcpfleet.server.replica.gate import GateState, ReplicaGate
@@ -72,6 +77,8 @@ class Replica:
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
+        # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
+        self._install_ledger(MemoryLedger())
         self.publisher: Publisher | None = None
         self.watcher = KeyRingWatcher(
             config.keys_dir,
@@ -116,6 +123,15 @@ class Replica:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    def _install_ledger(self, ledger: Ledger) -> None:
+        install_ledger(
+            self.mcp_app,
+            ledger,
+            token_ttl=self.config.state_ttl,
+            replica=self.name,
+            observe=self.metrics.once_outcome,
+        )
+
     def _ring_changed(self, ring: KeyRing) -> None:
         if self.publisher is not None:
             self.publisher.nudge()
@@ -127,6 +143,7 @@ class Replica:
         client = None
         if self.config.redis_url:
             client = connect(self.config.redis_url, self.config.redis_files)
+            self._install_ledger(RedisLedger(client, RedisKeys(self.config.fleet)))
             self.publisher = Publisher(
                 client,
                 RedisKeys(self.config.fleet),

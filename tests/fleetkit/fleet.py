@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -81,11 +81,12 @@ def local_fleet(
     router_args: Sequence[str] = (),
     fleet: str = "test",
     app: str = DEFAULT_APP,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[LocalFleet]:
     """A fleet of local processes; torn down (and its ports freed) on exit.
 
     ``app`` may also name a test app in ``tests/fleetkit``: tests/ is on the
-    replicas' ``PYTHONPATH``.
+    replicas' ``PYTHONPATH``. ``env`` adds to every process's environment.
     """
     require_redis()
     lf = LocalFleet(
@@ -96,7 +97,7 @@ def local_fleet(
         app=app,
         replica_args=tuple(replica_args),
         router_args=tuple(router_args),
-        extra_env={"PYTHONPATH": str(TESTS_DIR)},
+        extra_env={**(env or {}), "PYTHONPATH": str(TESTS_DIR)},
     )
     with running(lf, diagnostics):
         yield lf

@@ -44,6 +44,7 @@ def modern_call(
     request_state: str | None = None,
     input_responses: dict[str, Any] | None = None,
     client: httpx.Client | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Answer:
     params: dict[str, Any] = {"name": tool, "arguments": arguments, "_meta": MODERN_META}
     if request_state is not None:
@@ -57,6 +58,7 @@ def modern_call(
         "mcp-protocol-version": MODERN,
         "mcp-method": "tools/call",
         "mcp-name": tool,
+        **(headers or {}),
     }
     own = client is None
     http = client or httpx.Client(timeout=10)
@@ -69,9 +71,11 @@ def modern_call(
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
         data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
         text = data[-1] if data else "{}"
-    return Answer(
-        resp.status_code, json.loads(text or "{}"), resp.headers.get("x-mcpfleet-replica")
-    )
+    try:
+        body = json.loads(text or "{}")
+    except ValueError:
+        body = {"text": text}
+    return Answer(resp.status_code, body, resp.headers.get("x-mcpfleet-replica"))
 
 
 def initialize_body(client_name: str) -> str:

@@ -88,11 +88,13 @@ def test_state_sealed_before_the_envelope_is_still_read() -> None:
     from mcpfleet.server.guard import _restore
 
     legacy = SimpleNamespace(request_state=json.dumps({"date": "2026-12-24", "_pending": "seat"}))
-    assert _restore(legacy) == ({"date": "2026-12-24"}, "seat")  # type: ignore[arg-type]
+    old = _restore(legacy)  # type: ignore[arg-type]
+    assert (old.answers, old.pending, old.flow) == ({"date": "2026-12-24"}, "seat", None)
     current = SimpleNamespace(
         request_state=json.dumps({"v": 1, "answers": {"_pending": 1}, "pending": "x"})
     )
-    assert _restore(current) == ({"_pending": 1}, "x")  # type: ignore[arg-type]
+    now = _restore(current)  # type: ignore[arg-type]
+    assert (now.answers, now.pending, now.flow) == ({"_pending": 1}, "x", None)
     with pytest.raises(ValueError, match="answers and a pending key"):
         _restore(SimpleNamespace(request_state='{"v": 1, "answers": []}'))  # type: ignore[arg-type]
 

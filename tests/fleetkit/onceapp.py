@@ -1,0 +1,53 @@
+"""A FastMCP app whose one-time action leaves a side effect the tests can count.
+
+Replicas load it as ``--app fleetkit.onceapp:app``. ``charge`` asks one question,
+then appends one line to the file named by ``$MCPFLEET_TEST_EFFECTS`` per run of
+``finish`` (with ``O_APPEND``, so replicas in several processes never interleave
+a line): the tests count side effects, not answers. ``charge_plain`` is the same
+flow without ``once``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastmcp import Context, FastMCP
+from mcp_types import InputRequiredResult
+
+from mcpfleet.server import Outcome, Question, ask_then, first_missing
+
+EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
+
+app = FastMCP("mcpfleet-once-test")
+
+
+def _effect(line: str) -> None:
+    fd = os.open(os.environ[EFFECTS_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _finish(order: str, once: bool):  # type: ignore[no-untyped-def]
+    def finish(outcome: Outcome) -> str:
+        if not (outcome.done and outcome.answers["ok"]):
+            return f"{order}: nothing charged"
+        _effect(f"{order} once={once} pid={os.getpid()}")
+        return f"{order}: charged"
+
+    return finish
+
+
+@app.tool
+async def charge(order: str, ctx: Context) -> str | InputRequiredResult:
+    """Charge an order once the user confirms (exactly once per flow)."""
+    questions = first_missing([Question("ok", f"Charge {order}?", bool)])
+    return await ask_then(ctx, questions, _finish(order, True), once=True)
+
+
+@app.tool
+async def charge_plain(order: str, ctx: Context) -> str | InputRequiredResult:
+    """The same flow without ``once``: every replay of the final round charges again."""
+    questions = first_missing([Question("ok", f"Charge {order}?", bool)])
+    return await ask_then(ctx, questions, _finish(order, False))
