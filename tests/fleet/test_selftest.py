@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import TESTS_DIR, diagnostics, local_fleet, running
+from fleetkit.jwtkit import TokenIssuer
 from mcpfleet.server.dev.fleet import LocalFleet
 from mcpfleet.server.selftest import metadata_url, selftest
 
@@ -65,3 +67,28 @@ def test_the_metadata_is_asked_of_the_router_at_the_challenges_path() -> None:
 
 
 pytestmark = pytest.mark.timeout(180)
+
+
+async def test_selftest_with_an_auth_app_sees_the_401_and_its_metadata_in_each_era(
+    tmp_path: Path,
+) -> None:
+    """deploy/own-app's app requires a token: the selftest holds none, so what it can
+    prove is the refusal and the metadata that tells a client where to get one."""
+    issuer = TokenIssuer()
+    key = issuer.write_public_key(tmp_path / "public.pem")
+    # The public URL is the router's behind some Ingress: not reachable from here.
+    env = issuer.app_env(key, "https://mcp.example.com")
+    own_app = Path(__file__).resolve().parents[2] / "deploy" / "own-app"
+    fleet = LocalFleet(
+        tmp_path / "fleet",
+        replicas=2,
+        app="ownapp.server:mcp",
+        extra_env={**env, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(own_app)])},
+    )
+    with running(fleet, diagnostics):
+        lines: list[str] = []
+        assert await selftest(fleet.url, lines.append) == 0, lines
+    for era, line in zip(("modern", "handshake"), lines, strict=True):
+        assert line.startswith(f"{era}: ok, auth required: 401 with a Bearer challenge; "), line
+        assert "metadata of https://mcp.example.com/mcp " in line, line
+        assert f"(authorization servers {issuer.issuer}" in line, line
