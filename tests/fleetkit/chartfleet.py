@@ -43,13 +43,16 @@ class ChartFleet:
     workdir: Path
     release: str = "mcpfleet"
     values: dict[str, Any] = field(default_factory=dict)
+    #: The Secret with the Redis users' passwords when the release sets
+    #: redis.auth.existingSecret (else the chart's "<fullname>-redis-auth").
+    redis_users_secret: str = ""
     _helm: Helm | None = field(default=None, init=False, repr=False)
 
-    # --- names (the release name holds the chart's, so the prefix is the release)
+    # --- names (as the chart's "mcpfleet.fullname" makes them)
 
     @property
     def fullname(self) -> str:
-        return self.release
+        return self.release if "mcpfleet" in self.release else f"{self.release}-mcpfleet"
 
     @property
     def fleet(self) -> str:
@@ -119,9 +122,9 @@ class ChartFleet:
             timeout=timeout + 30,
         ).stdout
 
-    def test(self) -> str:
+    def test(self, *args: str) -> str:
         return self.helm.run(
-            "test", self.release, "--namespace", self.namespace, timeout=300
+            "test", self.release, "--namespace", self.namespace, *args, timeout=300
         ).stdout
 
     def uninstall(self) -> str:
@@ -172,8 +175,9 @@ class ChartFleet:
     def redis_client(self) -> redis.Redis:
         """The release's Redis, as the operator's read-only user when auth is on."""
         host, port = self.cluster.reach(self.namespace, f"{self.fullname}-redis", 6379)
+        name = self.redis_users_secret or f"{self.fullname}-redis-auth"
         try:
-            auth = self.core.read_namespaced_secret(f"{self.fullname}-redis-auth", self.namespace)
+            auth = self.core.read_namespaced_secret(name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
