@@ -200,7 +200,7 @@ def second(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
         "router": {"replicas": 1},
         "redis": {"auth": {"existingSecret": "mcp-redis-users"}},
     }
-    if e2e_cluster.provider == "local":
+    if e2e_cluster.provider == "local":  # its own fixed ClusterIP, beside the first's
         values["router"] |= local_router_values(LOCAL_ROUTER_IPS[1])
     fleet = ChartFleet(
         e2e_cluster,

@@ -86,7 +86,7 @@ class ChartFleet:
     def values_file(self) -> Path:
         path = self.workdir / "values.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump({**self.cluster.values, **self.values}))
+        path.write_text(yaml.safe_dump(merge(self.cluster.values, self.values)))
         return path
 
     def install(self, *args: str, timeout: float = 600) -> str:
@@ -284,6 +284,17 @@ class ChartFleet:
             out.append(f"(API not readable: {type(exc).__name__}: {exc})")
         out.append(self.cluster.diagnostics())
         return "\n".join(out)
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base`` as helm merges values files: maps key by key, the rest replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def ready(pod: k8s.V1Pod) -> bool:
