@@ -153,7 +153,7 @@ async def test_helm_upgrade_rolls_the_routers_and_loses_no_round_and_no_session(
                 wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the roll"
             )
             await asyncio.to_thread(
-                release.upgrade, "--set", "router.podAnnotations.mcpfleet\\.dev/rolled=1"
+                release.upgrade, "--set-string", "router.podAnnotations.mcpfleet\\.dev/rolled=1"
             )
 
             def old_routers_gone() -> bool:
