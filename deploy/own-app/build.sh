@@ -9,7 +9,8 @@
 # with the build base `make image` made (hack/image/base.sh): the same Python
 # as the mcpfleet image's, plus ensurepip. The last line names the image.
 #
-# Environment: MCPFLEET_IMAGE (default localhost/mcpfleet:<version>),
+# Environment: MCPFLEET_IMAGE (default localhost/mcpfleet:<version>; with
+# buildah, .cache/image/mcpfleet-<version>.tar when `make image` wrote it),
 # IMAGE_BUILDER=docker|buildah (default: docker when it answers).
 set -euo pipefail
 
@@ -18,6 +19,10 @@ root="$(cd "$here/../.." && pwd)"
 image="${1:?usage: build.sh IMAGE (e.g. localhost/ownapp:1)}"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml" | head -1)"
 mcpfleet="${MCPFLEET_IMAGE:-localhost/mcpfleet:$version}"
+# buildah: by default the archive `make image` wrote in this tree, the very
+# image the local node runs (the name in the shared local store may have been
+# retagged by a build elsewhere on the machine since).
+archive="$root/.cache/image/mcpfleet-$version.tar"
 
 builder="${IMAGE_BUILDER:-}"
 if [[ -z "$builder" ]]; then
@@ -36,7 +41,9 @@ fi
 
 # shellcheck source=hack/image/containers-env.sh
 source "$root/hack/image/containers-env.sh"
-if ! buildah inspect --type image "$mcpfleet" >/dev/null 2>&1; then
+if [[ -z "${MCPFLEET_IMAGE:-}" && -f "$archive" ]]; then
+	mcpfleet="docker-archive:$archive"
+elif ! buildah inspect --type image "$mcpfleet" >/dev/null 2>&1; then
 	echo "own-app: no image $mcpfleet here: make image" >&2
 	exit 1
 fi
