@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e
+.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -127,6 +127,13 @@ cluster-up: venv tools $(if $(NODE),node-deps image)
 
 cluster-down: venv
 	PYTHONPATH=tests $(PY) -m fleetkit.cluster down
+
+# IMAGE=localhost/myapp:1: an image from buildah/podman's (or Docker's) local
+# storage into the running node's containerd (make cluster-up NODE=1); prints
+# `loaded: <name>`.
+node-load: venv
+	@test -n "$(IMAGE)" || { echo "make node-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
+	PYTHONPATH=tests $(PY) -m fleetkit.nodeload $(IMAGE)
 
 
 clean:

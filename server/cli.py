@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="s an idle session's route lives; must equal the replicas' --session-idle",
     )
     r.add_argument("--session-cap", type=int, default=None, help="max sessions per replica")
+    r.add_argument(
+        "--graceful-timeout",
+        type=_positive_int,
+        default=rtr.graceful_timeout,
+        help="s requests and streams in flight may finish after SIGTERM"
+        f" (default {rtr.graceful_timeout})",
+    )
     r.add_argument("--max-body-bytes", type=int, default=rtr.max_body_bytes)
     r.add_argument("--max-header-bytes", type=int, default=rtr.max_header_bytes)
     r.add_argument("--header-timeout", type=_positive, default=rtr.header_timeout)
@@ -164,7 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--url", default="http://127.0.0.1:8000/mcp")
     m.add_argument("--era", choices=["modern", "handshake"], default="modern")
 
-    t = sub.add_parser("selftest", help="one modern and one handshake round through a fleet")
+    t = sub.add_parser(
+        "selftest",
+        help="both eras through a fleet: initialize and tools/list, or an auth app's 401",
+    )
     t.add_argument("url", help="the fleet's MCP endpoint, e.g. http://mcpfleet-router/mcp")
     from mcpfleet.operator.cli import add_parsers as add_operator_parsers
 
@@ -312,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fleet=args.fleet,
                     session_ttl=args.session_ttl,
                     session_cap=args.session_cap,
+                    graceful_timeout=args.graceful_timeout,
                     max_body_bytes=args.max_body_bytes,
                     max_header_bytes=args.max_header_bytes,
                     header_timeout=args.header_timeout,

@@ -97,3 +97,7 @@ class RouterConfig:
     #: heartbeat) before the router stops trying its last known address.
     owner_absent_limit: float = 10.0
     attempts: int = 3
+    #: Seconds the router lets requests and streams in flight finish after
+    #: SIGTERM before it closes them (uvicorn's graceful shutdown); the chart
+    #: sets it from router.gracefulTimeout, inside terminationGracePeriodSeconds.
+    graceful_timeout: int = 5

@@ -426,5 +426,5 @@ def run_router(config: RouterConfig) -> None:
             log_level="warning",
             lifespan="on",
             access_log=False,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=config.graceful_timeout,
         )

@@ -12,6 +12,7 @@ holds in every scenario.
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from mcpfleet.server.contract import RedisKeys
 pytestmark = pytest.mark.timeout(300)
 
 SCENARIOS = {p.name.removesuffix("-values.yaml"): p for p in chartkit.CI_VALUES}
+SCENARIOS |= {"example-" + p.stem.removeprefix("values-"): p for p in chartkit.EXAMPLE_VALUES}
+if chartkit.OWN_APP_VALUES.exists():
+    SCENARIOS["own-app"] = chartkit.OWN_APP_VALUES
 COMPONENTS = {"server", "router", "operator", "redis"}
 STANDARD_LABELS = (
     "app.kubernetes.io/name",
@@ -40,6 +44,7 @@ WORKLOADS = ("Deployment",)
 
 def test_there_are_ci_scenarios() -> None:
     assert {"default", "autoscaling", "external-redis", "redis-auth", "hardened"} <= set(SCENARIOS)
+    assert {"example-production", "example-external-sentinel", "own-app"} <= set(SCENARIOS)
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +70,25 @@ def _all(
     for (name, _), docs in rendered.items():
         for doc in docs:
             yield name, doc
+
+
+def _extra(scenario: str) -> set[tuple[str, str]]:
+    """(kind, name) of the scenario's extraObjects: the user's objects, not the chart's."""
+    values = yaml.safe_load(SCENARIOS[scenario].read_text()) or {}
+    out = set()
+    for obj in values.get("extraObjects", []):
+        if isinstance(obj, str):  # a template: its kind and (literal) name by their lines
+            kind = re.search(r"^kind: *(\S+)", obj, re.M)
+            name = re.search(r"^  name: *(\S+)", obj, re.M)
+            assert kind and name, obj
+            out.add((kind.group(1), name.group(1)))
+        else:
+            out.add((obj["kind"], obj["metadata"]["name"]))
+    return out
+
+
+def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
 
 
 def _pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -159,15 +183,17 @@ def test_the_key_ring_is_a_read_only_secret_volume_never_a_subpath_never_env(
         (keys,) = [v for v in server["volumes"] if v["name"] == "keys"]
         assert keys["secret"]["secretName"] == keyring["spec"]["secretName"], scenario
         assert "items" not in keys["secret"], "every key of the Secret, as the kubelet swaps it"
-        (container,) = server["containers"]
+        (container,) = [c for c in server["containers"] if c["name"] == "server"]
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "keys"]
         assert mount["readOnly"] is True and "subPath" not in mount and "subPathExpr" not in mount
         assert f"--keys={mount['mountPath']}" in container["args"]
         for _, spec in _pod_specs(docs):
-            for c in spec["containers"]:
+            for c in _containers(spec):
                 for env in c.get("env", []):
                     assert "secretKeyRef" not in env.get("valueFrom", {}), (scenario, env)
-                assert not c.get("envFrom"), scenario
+                # envFrom only as asked (server.envFrom), and never from a Secret.
+                for source in c.get("envFrom", []):
+                    assert set(source) == {"configMapRef"}, (scenario, source)
 
 
 def test_every_pod_runs_restricted(rendered: dict[tuple[str, bool], list[dict[str, Any]]]) -> None:
@@ -177,7 +203,7 @@ def test_every_pod_runs_restricted(rendered: dict[tuple[str, bool], list[dict[st
             pod = spec["securityContext"]
             assert pod["runAsNonRoot"] is True, (scenario, name)
             assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, (scenario, name)
-            for c in spec["containers"]:
+            for c in _containers(spec):
                 sc = c["securityContext"]
                 assert sc["allowPrivilegeEscalation"] is False, (scenario, name)
                 assert sc["readOnlyRootFilesystem"] is True, (scenario, name)
@@ -191,6 +217,8 @@ def test_every_object_carries_the_standard_labels_and_its_component(
     rendered: dict[tuple[str, bool], list[dict[str, Any]]],
 ) -> None:
     for scenario, doc in _all(rendered):
+        if (doc["kind"], doc["metadata"]["name"]) in _extra(scenario):
+            continue
         labels = doc["metadata"]["labels"]
         for label in STANDARD_LABELS:
             assert label in labels, (scenario, doc["kind"], doc["metadata"]["name"], label)
@@ -221,7 +249,12 @@ def test_replicas_are_an_hpa_or_a_count_never_both(
     seen = set()
     for (scenario, _), docs in rendered.items():
         server = _by(docs, "Deployment", "-server")
-        hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+        hpas = [
+            d
+            for d in docs
+            if d["kind"] == "HorizontalPodAutoscaler"
+            and d["spec"]["scaleTargetRef"]["name"].endswith("-server")
+        ]
         assert bool(hpas) != ("replicas" in server["spec"]), scenario
         seen.add(bool(hpas))
         for hpa in hpas:
@@ -477,3 +510,497 @@ def test_the_uninstall_hook_deletes_the_key_secret_only_when_told(helm: Helm, ke
             }
         ]
         assert "delete_namespaced_secret" in script and '"mcpfleet-keys"' in script
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _render(helm: Helm, values: dict[str, Any], tmp_path: Path, *args: str, **kw: Any) -> str:
+    path = tmp_path / f"values-{len(list(tmp_path.glob('values-*')))}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return chartkit.render(helm, "-f", str(path), *args, **kw)
+
+
+def _container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in _containers(spec) if c["name"] == name]
+    return found
+
+
+# --------------------------------------------------------------------------- Redis under GitOps
+
+
+EXISTING = {"redis": {"auth": {"existingSecret": "mcp-redis-users"}}}
+
+
+def test_with_an_existing_secret_two_renders_are_the_same_and_hold_no_password(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """Argo CD and Flux render without lookup: generated passwords would change on
+    every sync while Redis keeps the ACL it loaded (WRONGPASS for the whole fleet)."""
+    first = _render(helm, EXISTING, tmp_path)
+    assert first == _render(helm, EXISTING, tmp_path)
+    docs = chartkit.objects(first)
+    assert not [d for d in docs if d["kind"] == "Secret"], "the chart makes no password"
+    rules = _by(docs, "ConfigMap", "-redis-acl")["data"]
+    keys = RedisKeys(_by(docs, "KeyRing")["spec"]["fleet"])
+    assert {user: r.split() for user, r in rules.items()} == {
+        c: keys.acl_rules(c) for c in ("replica", "router", "operator")
+    }
+    for suffix, user in [("-server", "replica"), ("-router", "router"), ("-operator", "operator")]:
+        spec = _by(docs, "Deployment", suffix)["spec"]["template"]["spec"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "redis-password"]
+        assert volume["secret"]["secretName"] == "mcp-redis-users"
+        assert volume["secret"]["items"] == [{"key": user, "path": "password"}]
+    redis = _by(docs, "Deployment", "-redis")["spec"]["template"]["spec"]
+    (passwords,) = [v for v in redis["volumes"] if v["name"] == "passwords"]
+    assert passwords["secret"]["secretName"] == "mcp-redis-users"
+    # Without it, each render generates new passwords: what GitOps tools would apply.
+    plain = [_by(chartkit.objects(chartkit.render(helm)), "Secret", "-redis-auth") for _ in "ab"]
+    assert plain[0]["data"]["router"] != plain[1]["data"]["router"]
+
+
+def _acl_script(
+    helm: Helm, tmp_path: Path, passwords: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """The Redis Pod's init container, run here on files laid out as its volumes are."""
+    docs = chartkit.objects(_render(helm, EXISTING, tmp_path))
+    spec = _by(docs, "Deployment", "-redis")["spec"]["template"]["spec"]
+    init = _container(spec, "acl")
+    assert init["command"] == ["/bin/sh", "-eu", "-c"]
+    root = tmp_path / "pod"
+    for sub in ("redis-acl", "redis-rules", "redis-passwords"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for user, rules in _by(docs, "ConfigMap", "-redis-acl")["data"].items():
+        (root / "redis-rules" / user).write_text(rules)
+    for user, password in passwords.items():
+        (root / "redis-passwords" / user).write_text(password)
+    script = init["args"][0].replace("/etc/mcpfleet/", f"{root}/")
+    return subprocess.run(
+        ["/bin/sh", "-eu", "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_redis_init_container_makes_an_acl_redis_loads_with_hashed_passwords(
+    helm: Helm, tmp_path: Path
+) -> None:
+    import secrets as pysecrets
+
+    import redis as redislib
+
+    from fleetkit.controlplane import free_port, wait_for
+
+    passwords = {
+        "replica": pysecrets.token_urlsafe(24) + "\n",  # kubectl create secret --from-file
+        "router": pysecrets.token_urlsafe(24),
+        "operator": "with spaces and $ signs\r\n",
+    }
+    done = _acl_script(helm, tmp_path, passwords)
+    assert done.returncode == 0, done.stderr
+    acl = (tmp_path / "pod" / "redis-acl" / "users.acl").read_text()
+    for password in passwords.values():
+        assert password.strip() not in acl, "the file holds hashes, never a password"
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--aclfile",
+            str(tmp_path / "pod" / "redis-acl" / "users.acl"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        fleet = _by(chartkit.objects(_render(helm, EXISTING, tmp_path)), "KeyRing")["spec"]["fleet"]
+
+        def client(user: str, password: str) -> redislib.Redis:
+            return redislib.Redis(port=port, username=user, password=password, socket_timeout=5)
+
+        def up() -> bool:
+            return bool(client("router", passwords["router"]).ping())
+
+        wait_for(
+            up, timeout=30, what="redis-server with the ACL", retry_on=(redislib.ConnectionError,)
+        )
+        replica = client("replica", passwords["replica"].removesuffix("\n"))
+        replica.set(f"mcpfleet:{fleet}:replica:r0", "x")
+        operator = client("operator", "with spaces and $ signs")
+        assert operator.mget([f"mcpfleet:{fleet}:replica:r0"]) == [b"x"]
+        with pytest.raises(redislib.exceptions.NoPermissionError):
+            client("router", passwords["router"]).set(f"mcpfleet:{fleet}:replica:r0", "y")
+        with pytest.raises(redislib.exceptions.AuthenticationError):
+            client("router", "wrong").ping()
+        with pytest.raises(redislib.exceptions.AuthenticationError):
+            redislib.Redis(port=port, socket_timeout=5).execute_command("AUTH", "default", "")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("password", "message"),
+    [("", "the password of router is empty"), ("one\ntwo\n", "router has more than one line")],
+    ids=["empty", "two-lines"],
+)
+def test_a_bad_password_in_the_existing_secret_stops_redis_naming_the_user(
+    helm: Helm, tmp_path: Path, password: str, message: str
+) -> None:
+    done = _acl_script(
+        helm, tmp_path, {"replica": "r" * 20, "router": password, "operator": "o" * 20}
+    )
+    assert done.returncode == 1
+    assert "Secret mcp-redis-users: " in done.stderr and message in done.stderr
+    assert "one" not in done.stderr.replace("one line", "").replace("none", "")
+    assert not (tmp_path / "pod" / "redis-acl" / "users.acl").exists()
+
+
+# --------------------------------------------------------------------------- external Redis
+
+
+@pytest.mark.parametrize(
+    ("url", "ports"),
+    [
+        ("redis://redis.example.internal/0", [6379]),
+        ("rediss://u@redis.example.internal:6380/0", [6380]),
+        ("redis+sentinel://s0:26379,s1:26380,s2/mymaster/0", [26379, 26380, 6379]),
+        ("rediss+sentinel://u@s0,s1/mymaster", [26379, 6379]),
+        ("unix:///run/redis/redis.sock", []),
+    ],
+)
+def test_the_network_policies_open_the_external_redis_ports(
+    helm: Helm, schemas: Path, tmp_path: Path, url: str, ports: list[int]
+) -> None:
+    values = {
+        "redis": {"enabled": False, "external": {"url": url}},
+        "networkPolicy": {"enabled": True},
+    }
+    manifest = _render(helm, values, tmp_path)
+    assert chartkit.kubeconform(manifest, schemas) == []
+    docs = chartkit.objects(manifest)
+    for suffix in ("-server", "-router", "-operator"):
+        egress = _by(docs, "NetworkPolicy", suffix)["spec"]["egress"]
+        opened = [p["port"] for rule in egress if "to" not in rule for p in rule["ports"]]
+        assert opened == ports, (suffix, egress)
+        assert 0 not in opened
+    explicit = _render(
+        helm,
+        {**values, "redis": {"enabled": False, "external": {"url": url, "ports": [7000, 7001]}}},
+        tmp_path,
+    )
+    egress = _by(chartkit.objects(explicit), "NetworkPolicy", "-server")["spec"]["egress"]
+    assert [p["port"] for r in egress if "to" not in r for p in r["ports"]] == [7000, 7001]
+
+
+def test_each_component_logs_in_to_an_external_redis_as_its_own_user(
+    rendered: dict[tuple[str, bool], list[dict[str, Any]]],
+) -> None:
+    docs = rendered["example-external-sentinel", False]
+    values = yaml.safe_load(SCENARIOS["example-external-sentinel"].read_text())
+    users = values["redis"]["external"]["users"]
+    for suffix, component in [
+        ("-server", "replica"),
+        ("-router", "router"),
+        ("-operator", "operator"),
+    ]:
+        spec = _by(docs, "Deployment", suffix)["spec"]["template"]["spec"]
+        args = spec["containers"][0]["args"]
+        url = next(a for a in args if a.startswith("--redis="))
+        assert url == (
+            f"--redis=redis+sentinel://{users[component]['username']}@sentinel-0.redis.svc:26379,"
+            "sentinel-1.redis.svc:26379,sentinel-2.redis.svc:26379/mymaster/0"
+        )
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "redis-password"]
+        assert volume["secret"]["secretName"] == users[component]["passwordSecret"]["name"]
+        assert volume["secret"]["items"] == [{"key": "password", "path": "password"}]
+    egress = _by(docs, "NetworkPolicy", "-router")["spec"]["egress"]
+    assert [p["port"] for r in egress if "to" not in r for p in r["ports"]] == [26379, 6379]
+
+
+# --------------------------------------------------------------------------- two releases
+
+
+def test_two_releases_in_one_namespace_share_no_object(helm: Helm) -> None:
+    names: dict[str, set[tuple[str, str]]] = {}
+    for release in ("shop", "billing"):
+        docs = chartkit.objects(chartkit.render(helm, release=release, namespace="tools"))
+        names[release] = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        (peering,) = [d for d in docs if d["kind"] == "KopfPeering"]
+        assert peering["metadata"]["name"] == f"{release}-mcpfleet"
+        args = _by(docs, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
+        assert f"--peering={release}-mcpfleet" in args["args"]
+    assert not names["shop"] & names["billing"], names["shop"] & names["billing"]
+
+
+# --------------------------------------------------------------------------- the router's shutdown
+
+
+def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path) -> None:
+    from mcpfleet.server.cli import build_parser
+
+    values = {
+        "router": {
+            "preStopSeconds": 4,
+            "gracefulTimeout": 25,
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+            },
+            "readinessProbe": {"periodSeconds": 3, "failureThreshold": 2},
+            "livenessProbe": {"periodSeconds": 7, "timeoutSeconds": 2, "failureThreshold": 4},
+            "podLabels": {"team": "mcp"},
+            "priorityClassName": "fleet-critical",
+        }
+    }
+    docs = chartkit.objects(_render(helm, values, tmp_path))
+    router = _by(docs, "Deployment", "-router")
+    spec = router["spec"]["template"]["spec"]
+    container = _container(spec, "router")
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "4"]
+    assert spec["terminationGracePeriodSeconds"] == 4 + 25 + 5
+    assert spec["priorityClassName"] == "fleet-critical"
+    assert router["spec"]["strategy"] == values["router"]["strategy"]
+    assert router["spec"]["template"]["metadata"]["labels"]["team"] == "mcp"
+    ready, live = container["readinessProbe"], container["livenessProbe"]
+    assert (ready["periodSeconds"], ready["failureThreshold"]) == (3, 2)
+    assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (7, 2, 4)
+    # The rendered arguments are ones `mcpfleet router` takes, with the timeout.
+    args = build_parser().parse_args(container["args"])
+    assert args.graceful_timeout == 25
+    default = _by(chartkit.objects(chartkit.render(helm)), "Deployment", "-router")
+    default_spec = default["spec"]["template"]["spec"]
+    assert default_spec["terminationGracePeriodSeconds"] == 2 + 10 + 5
+    assert "--graceful-timeout=10" in _container(default_spec, "router")["args"]
+
+
+def test_the_routers_scale_with_an_hpa_and_then_have_no_replica_count(
+    helm: Helm, tmp_path: Path
+) -> None:
+    values = {"router": {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 5}}}
+    docs = chartkit.objects(_render(helm, values, tmp_path))
+    router = _by(docs, "Deployment", "-router")
+    assert "replicas" not in router["spec"]
+    hpa = _by(docs, "HorizontalPodAutoscaler", "-router")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == router["metadata"]["name"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
+    assert "replicas" in _by(docs, "Deployment", "-server")["spec"]
+    with pytest.raises(HelmError) as refused:
+        chartkit.render(
+            helm,
+            "--set",
+            "router.autoscaling.enabled=true,router.autoscaling.minReplicas=12",
+        )
+    assert "router.autoscaling.minReplicas must not exceed" in str(refused.value)
+
+
+# --------------------------------------------------------------------------- your own app
+
+
+def test_the_replicas_run_your_own_image_and_app_with_its_config(
+    rendered: dict[tuple[str, bool], list[dict[str, Any]]],
+) -> None:
+    docs = rendered["own-app", False]
+    values = yaml.safe_load(SCENARIOS["own-app"].read_text())
+    own = values["server"]
+    spec = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]
+    server = _container(spec, "server")
+    assert server["image"].startswith(own["image"]["repository"] + ":")
+    assert f"--app={own['app']}" in server["args"]
+    env = {e["name"] for e in server["env"]}
+    assert {e["name"] for e in own["extraEnv"]} <= env and "POD_NAME" in env
+    assert server["envFrom"] == own["envFrom"]
+    for mount in own["extraVolumeMounts"]:
+        assert mount in server["volumeMounts"]
+    for volume in own["extraVolumes"]:
+        assert volume in spec["volumes"]
+    assert [c["name"] for c in spec["initContainers"]] == [c["name"] for c in own["initContainers"]]
+    assert [c["name"] for c in spec["containers"]] == [
+        "server",
+        *(c["name"] for c in own["extraContainers"]),
+    ]
+    # The router, the operator and the helm test keep the mcpfleet image.
+    mcpfleet = _container(_by(docs, "Deployment", "-router")["spec"]["template"]["spec"], "router")
+    assert not mcpfleet["image"].startswith(own["image"]["repository"] + ":")
+    account = _by(docs, "ServiceAccount", "-server")
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert spec["automountServiceAccountToken"] is False
+    assert account["automountServiceAccountToken"] is False
+    extra = {(k, n) for k, n in _extra("own-app")}
+    assert extra and extra <= {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_server_image_fields_fall_back_to_image_one_by_one(helm: Helm, tmp_path: Path) -> None:
+    def server(values: dict[str, Any]) -> dict[str, Any]:
+        docs = chartkit.objects(_render(helm, values, tmp_path))
+        spec = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]
+        return _container(spec, "server")
+
+    base = {"image": {"repository": "reg.example/mcpfleet", "tag": "9.9", "pullPolicy": "Always"}}
+    assert server(base)["image"] == "reg.example/mcpfleet:9.9"
+    mine = server({**base, "server": {"image": {"repository": "reg.example/myapp"}}})
+    assert mine["image"] == "reg.example/myapp:9.9" and mine["imagePullPolicy"] == "Always"
+    digest = "sha256:" + "b" * 64
+    pinned = server(
+        {
+            **base,
+            "server": {
+                "image": {
+                    "repository": "reg.example/myapp",
+                    "tag": "1",
+                    "digest": digest,
+                    "pullPolicy": "Never",
+                }
+            },
+        }
+    )
+    assert (
+        pinned["image"] == f"reg.example/myapp:1@{digest}" and pinned["imagePullPolicy"] == "Never"
+    )
+
+
+def test_extra_objects_are_rendered_maps_as_is_strings_through_tpl(
+    helm: Helm, tmp_path: Path
+) -> None:
+    values = {
+        "extraObjects": [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "plain"},
+                "data": {"a": "1"},
+            },
+            "apiVersion: v1\nkind: ConfigMap\n"
+            "metadata:\n  name: '{{ .Release.Name }}-templated'\n"
+            "data:\n  ns: '{{ .Release.Namespace }}'\n",
+        ]
+    }
+    docs = chartkit.objects(_render(helm, values, tmp_path, release="shop", namespace="tools"))
+    assert _by(docs, "ConfigMap", "plain")["data"] == {"a": "1"}
+    assert _by(docs, "ConfigMap", "shop-templated")["data"] == {"ns": "tools"}
+
+
+def test_component_service_accounts_are_made_only_when_asked(helm: Helm, tmp_path: Path) -> None:
+    plain = chartkit.objects(chartkit.render(helm))
+    assert {d["metadata"]["name"] for d in plain if d["kind"] == "ServiceAccount"} == {
+        "mcpfleet-operator",
+        "mcpfleet-uninstall",
+    }
+    for name, spec in _pod_specs(plain):
+        if name.endswith(("-server", "-router")):
+            assert spec["serviceAccountName"] == "default"
+    values = {
+        "server": {"serviceAccount": {"create": True, "annotations": {"iam.example/role": "app"}}},
+        "router": {"serviceAccount": {"create": False, "name": "shared"}},
+    }
+    docs = chartkit.objects(_render(helm, values, tmp_path))
+    account = _by(docs, "ServiceAccount", "-server")
+    assert account["metadata"]["annotations"] == {"iam.example/role": "app"}
+    server = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]
+    router = _by(docs, "Deployment", "-router")["spec"]["template"]["spec"]
+    assert server["serviceAccountName"] == "mcpfleet-server"
+    assert router["serviceAccountName"] == "shared"
+
+
+# --------------------------------------------------------------------------- monitoring knobs
+
+
+def test_service_monitor_knobs_and_the_runbook_base(helm: Helm, tmp_path: Path) -> None:
+    relabel = [{"sourceLabels": ["__name__"], "regex": "python_gc_.*", "action": "drop"}]
+    values = {
+        "monitoring": {
+            "serviceMonitor": {
+                "scrapeTimeout": "7s",
+                "relabelings": [{"targetLabel": "team", "replacement": "mcp"}],
+                "metricRelabelings": relabel,
+                "labels": {"release": "kps"},
+            },
+            "prometheusRule": {"runbookBaseURL": "https://runbooks.example/mcpfleet.md"},
+        }
+    }
+    docs = chartkit.objects(
+        _render(helm, values, tmp_path, "--api-versions", chartkit.MONITORING_API)
+    )
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 3
+    for monitor in monitors:
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["scrapeTimeout"] == "7s"
+        assert endpoint["relabelings"] == [{"targetLabel": "team", "replacement": "mcp"}]
+        assert endpoint["metricRelabelings"] == relabel
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+    rules = [r for g in _by(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    assert rules and all(
+        r["annotations"]["runbook_url"]
+        == "https://runbooks.example/mcpfleet.md#" + r["alert"].lower()
+        for r in rules
+    )
+    default = chartkit.objects(chartkit.render(helm, "--api-versions", chartkit.MONITORING_API))
+    url = _by(default, "PrometheusRule")["spec"]["groups"][0]["rules"][0]["annotations"]
+    assert re.match(
+        r"https://github\.com/mcpfleet/mcpfleet/blob/v\d+\.\d+\.\d+/", url["runbook_url"]
+    )
+    chart = yaml.safe_load((chartkit.CHART / "Chart.yaml").read_text())
+    assert f"/blob/v{chart['version']}/" in url["runbook_url"], "the tag of this chart's version"
+
+
+def test_the_releases_key_is_too_old_at_one_and_a_half_rotation_periods(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """The rendered rule, unit-tested by promtool: at rotateEvery 720h the release's key
+    fires past 1080h; another KeyRing's key of the same age stays quiet (90 days)."""
+    import shutil
+
+    values = {"keyRing": {"rotateEvery": "720h"}}
+    docs = chartkit.objects(
+        _render(helm, values, tmp_path, "--api-versions", chartkit.MONITORING_API, namespace="shop")
+    )
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": _by(docs, "PrometheusRule")["spec"]["groups"]}))
+    age = 1080 * 3600 - 600
+    series = "mcpfleet_operator_key_age_seconds"
+    runbook = "https://github.com/mcpfleet/mcpfleet/blob/v0.1.0/deploy/monitoring/RUNBOOK.md"
+    (tmp_path / "test.yaml").write_text(
+        f"""
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: '{series}{{namespace="shop",keyring="mcpfleet-keys"}}'
+        values: '{age}+60x60'
+      - series: '{series}{{namespace="shop",keyring="other"}}'
+        values: '{age}+60x60'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: McpfleetKeyTooOld
+        exp_alerts: []
+      - eval_time: 50m
+        alertname: McpfleetKeyTooOld
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: shop, keyring: mcpfleet-keys}}
+            exp_annotations:
+              summary: "A key ring's sealing key is older than its rotation schedule allows."
+              description: >-
+                The sealing key of key ring mcpfleet-keys in namespace shop is
+                45d 0h 40m 0s old: scheduled rotations are not completing.
+              runbook_url: "{runbook}#mcpfleetkeytooold"
+"""
+    )
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed: bash hack/ensure-debs.sh")
+    out = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -23,6 +23,7 @@ from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.controlplane import wait_for
 from fleetkit.providers import Cluster
 from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION
+from mcpfleet.server.dev.demo import Trace, connect
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -77,8 +78,9 @@ def test_install_with_default_values_makes_every_pod_ready(release: ChartFleet) 
 
 
 def test_helm_test_runs_both_eras_through_the_router_service(release: ChartFleet) -> None:
-    # The Pod runs `mcpfleet selftest` (exit 0 only when both eras completed a
-    # guard flow, tests/fleet/test_selftest.py) and is deleted once it passed.
+    # The Pod runs `mcpfleet selftest` (exit 0 only when both eras initialized
+    # and listed the tools through the router, tests/fleet/test_selftest.py)
+    # and is deleted once it passed.
     out = release.test()
     assert re.search(r"TEST SUITE:\s+mcpfleet-selftest", out), out
     assert re.search(r"Phase:\s+Succeeded", out), out
@@ -110,6 +112,74 @@ async def test_helm_upgrade_rolls_the_replicas_with_no_failed_round(release: Cha
         if pod.metadata.name in new:
             assert f"--state-ttl={SHORT_TTL}" in pod.spec.containers[0].args
     assert len(new) == 3
+
+
+async def test_helm_upgrade_rolls_the_routers_and_loses_no_round_and_no_session(
+    release: ChartFleet,
+) -> None:
+    """The routers roll (a changed pod template) under modern and handshake traffic: no
+    modern round fails, and every handshake session opened before answers after it
+    (a held SSE stream may be cut by its router's shutdown; the session must not be)."""
+    old = {p.metadata.name for p in release.pods("router")}
+    stop = asyncio.Event()
+    done: list[str] = []
+    failed: list[str] = []
+
+    async def modern_user() -> None:
+        while not stop.is_set():
+            try:
+                async with connect(release.url, "modern") as client:
+                    while not stop.is_set():
+                        result = await client.call_tool("book_flight", {"destination": "Oslo"})
+                        assert str(result.data).startswith("Booked"), result.data
+                        done.append("modern")
+            except Exception as exc:
+                failed.append(f"modern {type(exc).__name__}: {exc}")
+
+    async with contextlib.AsyncExitStack() as stack:
+        traces = [Trace() for _ in range(4)]
+        held = [
+            await stack.enter_async_context(connect(release.url, "handshake", trace))
+            for trace in traces
+        ]
+        for n, client in enumerate(held):
+            result = await client.call_tool("plan_meeting", {"topic": f"before {n}"})
+            assert str(result.data).startswith(f"Planned 'before {n}'")
+        sessions = [{r.session for r in t.rounds if r.session} for t in traces]
+        assert all(len(s) == 1 for s in sessions), sessions
+        users = [asyncio.create_task(modern_user()) for _ in range(2)]
+        try:
+            await asyncio.to_thread(
+                wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the roll"
+            )
+            await asyncio.to_thread(
+                release.upgrade, "--set-string", "router.podAnnotations.mcpfleet\\.dev/rolled=1"
+            )
+
+            def old_routers_gone() -> bool:
+                return not old & {p.metadata.name for p in release.pods("router")}
+
+            await asyncio.to_thread(
+                wait_for, old_routers_gone, timeout=120, interval=1, what="the old routers gone"
+            )
+            before = len(done)
+            await asyncio.to_thread(
+                wait_for, lambda: len(done) >= before + 5, timeout=60, what="traffic after it"
+            )
+        finally:
+            stop.set()
+            await asyncio.gather(*users)
+        assert failed == [], failed[:5]
+        for n, (client, trace) in enumerate(zip(held, traces, strict=True)):
+            result = await client.call_tool("plan_meeting", {"topic": f"after {n}"})
+            assert str(result.data).startswith(f"Planned 'after {n}'"), result.data
+            assert {r.session for r in trace.rounds if r.session} == sessions[n], (
+                "the same session answered"
+            )
+    routers = release.pods("router")
+    assert len(routers) == 2 and not {p.metadata.name for p in routers} & old
+    for pod in routers:
+        assert pod.metadata.annotations["mcpfleet.dev/rolled"] == "1"
 
 
 async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartFleet) -> None:

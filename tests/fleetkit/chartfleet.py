@@ -43,13 +43,16 @@ class ChartFleet:
     workdir: Path
     release: str = "mcpfleet"
     values: dict[str, Any] = field(default_factory=dict)
+    #: The Secret with the Redis users' passwords when the release sets
+    #: redis.auth.existingSecret (else the chart's "<fullname>-redis-auth").
+    redis_users_secret: str = ""
     _helm: Helm | None = field(default=None, init=False, repr=False)
 
-    # --- names (the release name holds the chart's, so the prefix is the release)
+    # --- names (as the chart's "mcpfleet.fullname" makes them)
 
     @property
     def fullname(self) -> str:
-        return self.release
+        return self.release if "mcpfleet" in self.release else f"{self.release}-mcpfleet"
 
     @property
     def fleet(self) -> str:
@@ -83,7 +86,7 @@ class ChartFleet:
     def values_file(self) -> Path:
         path = self.workdir / "values.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump({**self.cluster.values, **self.values}))
+        path.write_text(yaml.safe_dump(merge(self.cluster.values, self.values)))
         return path
 
     def install(self, *args: str, timeout: float = 600) -> str:
@@ -119,9 +122,9 @@ class ChartFleet:
             timeout=timeout + 30,
         ).stdout
 
-    def test(self) -> str:
+    def test(self, *args: str) -> str:
         return self.helm.run(
-            "test", self.release, "--namespace", self.namespace, timeout=300
+            "test", self.release, "--namespace", self.namespace, *args, timeout=300
         ).stdout
 
     def uninstall(self) -> str:
@@ -172,8 +175,9 @@ class ChartFleet:
     def redis_client(self) -> redis.Redis:
         """The release's Redis, as the operator's read-only user when auth is on."""
         host, port = self.cluster.reach(self.namespace, f"{self.fullname}-redis", 6379)
+        name = self.redis_users_secret or f"{self.fullname}-redis-auth"
         try:
-            auth = self.core.read_namespaced_secret(f"{self.fullname}-redis-auth", self.namespace)
+            auth = self.core.read_namespaced_secret(name, self.namespace)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -280,6 +284,17 @@ class ChartFleet:
             out.append(f"(API not readable: {type(exc).__name__}: {exc})")
         out.append(self.cluster.diagnostics())
         return "\n".join(out)
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on ``base`` as helm merges values files: maps key by key, the rest replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def ready(pod: k8s.V1Pod) -> bool:

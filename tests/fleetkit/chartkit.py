@@ -33,6 +33,10 @@ from fleetkit.controlplane import Helm, repo_root, tools_bin_dir
 
 CHART = repo_root() / "charts" / "mcpfleet"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+#: Worked examples of values files (not packaged; the render tests cover them).
+EXAMPLE_VALUES = sorted((CHART / "examples").glob("values-*.yaml"))
+#: The values that run the example own app (deploy/own-app/), as its README shows.
+OWN_APP_VALUES = repo_root() / "deploy" / "own-app" / "values.yaml"
 #: kubeconform's -schema-location, relative to the schema directory.
 SCHEMA_TEMPLATE = "{{ .Group }}/{{ .ResourceAPIVersion }}/{{ .ResourceKind }}.json"
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"

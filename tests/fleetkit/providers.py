@@ -36,6 +36,8 @@ KIND_CONFIG = repo_root() / "deploy" / "kind" / "cluster.yaml"
 #: API server's static band, never handed out dynamically: a fixed ClusterIP here
 #: cannot collide with an allocated one.
 LOCAL_ROUTER_IP = "10.217.128.12"
+#: More of that band, one per further release installed beside the first.
+LOCAL_ROUTER_IPS = (LOCAL_ROUTER_IP, "10.217.128.13", "10.217.128.14")
 
 
 @dataclass
@@ -89,11 +91,7 @@ def local_cluster(workdir: Path) -> Iterator[Cluster]:
             return str(svc.spec.cluster_ip), port
 
         values = node.images.helm_values()
-        # The router answers its ClusterIP as a Host too (the tests are its clients).
-        values["router"] = {
-            "service": {"clusterIP": LOCAL_ROUTER_IP},
-            "allowedHosts": [LOCAL_ROUTER_IP, f"{LOCAL_ROUTER_IP}:*"],
-        }
+        values["router"] = local_router_values(LOCAL_ROUTER_IP)
         try:
             yield Cluster(
                 provider="local",
@@ -105,6 +103,12 @@ def local_cluster(workdir: Path) -> Iterator[Cluster]:
             )
         finally:
             api.close()
+
+
+def local_router_values(ip: str) -> dict[str, Any]:
+    """A release's router at the fixed ClusterIP ``ip``, answering it as a Host too
+    (the tests are its clients); a second release beside the first takes another."""
+    return {"service": {"clusterIP": ip}, "allowedHosts": [ip, f"{ip}:*"]}
 
 
 # --------------------------------------------------------------------------- kind

@@ -18,6 +18,10 @@ EXPECTED = {
     "McpfleetRouterDegraded",
     "McpfleetOwnerGoneSpike",
     "McpfleetElicitationDeclineShareHigh",
+    "McpfleetOperatorDown",
+    "McpfleetKeyTooOld",
+    "McpfleetRouterErrorRatioHigh",
+    "McpfleetSessionCapReached",
 }
 
 

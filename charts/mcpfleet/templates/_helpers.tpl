@@ -54,6 +54,37 @@ repository[:tag][@digest]; the tag defaults to the chart's appVersion.
 {{ include "mcpfleet.imageRef" (dict "image" .Values.image "ctx" .) }}
 {{- end }}
 
+{{/*
+The replicas' image: server.image, each empty field taken from image (an
+image of your own app built on the mcpfleet image).
+*/}}
+{{- define "mcpfleet.server.image" -}}
+{{- $own := .Values.server.image -}}
+{{- $image := dict "repository" ($own.repository | default .Values.image.repository) "tag" ($own.tag | default .Values.image.tag) "digest" ($own.digest | default .Values.image.digest) -}}
+{{ include "mcpfleet.imageRef" (dict "image" $image "ctx" .) }}
+{{- end }}
+{{- define "mcpfleet.server.pullPolicy" -}}
+{{- .Values.server.image.pullPolicy | default .Values.image.pullPolicy }}
+{{- end }}
+
+{{/*
+A component's ServiceAccount name (dict "ctx" $ "component" "server"): its
+serviceAccount.name, else "<fullname>-<component>" when created, else "default".
+*/}}
+{{- define "mcpfleet.componentServiceAccountName" -}}
+{{- $sa := (index .ctx.Values .component).serviceAccount -}}
+{{- if $sa.create -}}
+{{- $sa.name | default (printf "%s-%s" (include "mcpfleet.fullname" .ctx) .component) }}
+{{- else -}}
+{{- $sa.name | default "default" }}
+{{- end -}}
+{{- end }}
+
+{{/* The operator's kopf peering object: operator.peering.name, else the release's full name. */}}
+{{- define "mcpfleet.operator.peeringName" -}}
+{{- .Values.operator.peering.name | default (include "mcpfleet.fullname" .) }}
+{{- end }}
+
 {{/* Pull secrets of every Pod. */}}
 {{- define "mcpfleet.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}
@@ -105,6 +136,11 @@ files mounted by "mcpfleet.redisVolumeMounts". Nothing secret is an argument.
 {{- $url := include "mcpfleet.redisURL" $ctx -}}
 {{- if and $ctx.Values.redis.enabled $ctx.Values.redis.auth.enabled -}}
 {{- $url = printf "redis://%s@%s-redis:%v/0" .component (include "mcpfleet.fullname" $ctx) $ctx.Values.redis.port -}}
+{{- else if not $ctx.Values.redis.enabled -}}
+{{- with (index $ctx.Values.redis.external.users .component).username -}}
+{{- /* This component's own user replaces the URL's. */}}
+{{- $url = regexReplaceAll "^([a-z+]+://)([^@/]*@)?" $url (printf "${1}%s@" .) -}}
+{{- end -}}
 {{- end }}
 - --redis={{ $url }}
 {{- if include "mcpfleet.redisPasswordSecret" . }}
@@ -126,13 +162,43 @@ files mounted by "mcpfleet.redisVolumeMounts". Nothing secret is an argument.
 {{/* "name/key" of the Secret holding one component's Redis password, or empty. */}}
 {{- define "mcpfleet.redisPasswordSecret" -}}
 {{- $ctx := .ctx -}}
+{{- $user := index $ctx.Values.redis.external.users .component -}}
 {{- if $ctx.Values.redis.enabled -}}
 {{- if $ctx.Values.redis.auth.enabled -}}
-{{ include "mcpfleet.fullname" $ctx }}-redis-auth/{{ .component }}
+{{ $ctx.Values.redis.auth.existingSecret | default (printf "%s-redis-auth" (include "mcpfleet.fullname" $ctx)) }}/{{ .component }}
+{{- end -}}
+{{- else if $user.username -}}
+{{- if $user.passwordSecret.name -}}
+{{ $user.passwordSecret.name }}/{{ $user.passwordSecret.key }}
 {{- end -}}
 {{- else if $ctx.Values.redis.external.passwordSecret.name -}}
 {{ $ctx.Values.redis.external.passwordSecret.name }}/{{ $ctx.Values.redis.external.passwordSecret.key }}
 {{- end -}}
+{{- end }}
+
+{{/*
+The TCP ports of an external Redis, as a JSON list: redis.external.ports, or
+from the URL: its port (6379 without one); for a Sentinel URL every
+sentinel's port (26379 without one) and 6379, where the master and replicas
+the sentinels name listen. A unix:// socket needs none.
+*/}}
+{{- define "mcpfleet.redis.externalPorts" -}}
+{{- $ext := .Values.redis.external -}}
+{{- $ports := list -}}
+{{- if $ext.ports -}}
+{{- $ports = $ext.ports -}}
+{{- else if not (hasPrefix "unix://" $ext.url) -}}
+{{- $sentinel := regexMatch "^[a-z]+\\+sentinel://" $ext.url -}}
+{{- $hosts := regexReplaceAll "^[a-z+]+://([^@/]*@)?" $ext.url "" | splitList "/" | first -}}
+{{- range splitList "," $hosts -}}
+{{- $port := regexFind ":[0-9]+$" . | trimPrefix ":" -}}
+{{- $ports = append $ports ($port | default (ternary "26379" "6379" $sentinel) | int) -}}
+{{- end -}}
+{{- if $sentinel -}}
+{{- $ports = append $ports 6379 -}}
+{{- end -}}
+{{- end -}}
+{{- $ports | uniq | toJson -}}
 {{- end }}
 
 {{/* Volume mounts for a component's Redis password and TLS files. */}}
