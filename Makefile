@@ -40,7 +40,7 @@ run: venv deps
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile
+	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile deploy/own-app/Dockerfile
 
 # mypy reads the package through a symlink tree shaped like the installed one
 # (mcpfleet/server -> server/, mcpfleet/operator -> operator/).
