@@ -27,7 +27,7 @@ COPY operator ./operator
 RUN if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
         export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     fi; \
-    /opt/mcpfleet/bin/pip install --no-cache-dir . ; \
+    /opt/mcpfleet/bin/pip install --no-cache-dir '.[operator]' ; \
     /opt/mcpfleet/bin/pip uninstall --yes pip ; \
     rm -f /opt/mcpfleet/bin/activate* /opt/mcpfleet/bin/Activate.ps1
 

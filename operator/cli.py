@@ -9,6 +9,7 @@ start without them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import random
@@ -86,7 +87,19 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--status", action="store_true", help="print the ring and its history")
 
 
+#: The ``mcpfleet`` subcommands this module adds (entry point ``mcpfleet.commands``).
+COMMANDS = ("operator", "rotate")
+
+
 def run(args: argparse.Namespace) -> int:
+    missing = [m for m in ("kopf", "kubernetes") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(
+            f"mcpfleet {args.command}: needs {' and '.join(missing)}, from the operator extra: "
+            "pip install 'mcpfleet[operator]'",
+            file=sys.stderr,
+        )
+        return 2
     if args.command == "operator":
         return run_operator(args)
     return run_rotate(args)

@@ -19,7 +19,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from mcpfleet.server import __version__, redisconn
 from mcpfleet.server.config import DEFAULT_APP, ReplicaConfig, RouterConfig
@@ -70,6 +72,19 @@ def _redis(args: argparse.Namespace) -> RedisSettings | None:
         return redisconn.from_args(args)
     except redisconn.RedisConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+#: The entry-point group through which installed packages add subcommands.
+COMMANDS_GROUP = "mcpfleet.commands"
+
+
+def command_plugins() -> list[Any]:
+    """The installed packages' subcommand modules (``COMMANDS``, ``add_parsers``, ``run``).
+
+    The operator registers its ``operator`` and ``rotate`` here (pyproject's
+    entry points), so this module, and the server package, never import it.
+    """
+    return [ep.load() for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,9 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="both eras through a fleet: initialize and tools/list, or an auth app's 401",
     )
     t.add_argument("url", help="the fleet's MCP endpoint, e.g. http://mcpfleet-router/mcp")
-    from mcpfleet.operator.cli import add_parsers as add_operator_parsers
-
-    add_operator_parsers(sub)  # `operator` and `rotate`
+    for plugin in command_plugins():
+        plugin.add_parsers(sub)  # e.g. mcpfleet.operator.cli: `operator` and `rotate`
     return p
 
 
@@ -344,10 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mcpfleet.server.selftest import selftest
 
             return asyncio.run(selftest(args.url))
-        elif args.command in ("operator", "rotate"):
-            from mcpfleet.operator.cli import run as run_operator_command
-
-            return run_operator_command(args)
+        else:
+            plugin = next(p for p in command_plugins() if args.command in p.COMMANDS)
+            return int(plugin.run(args))
     except (UsageError, AppLoadError) as exc:
         print(f"mcpfleet: error: {exc}", file=sys.stderr)
         return 2
