@@ -26,8 +26,9 @@ import pytest
 from kubernetes import client as k8s
 
 from fleetkit import scenarios
-from fleetkit.controlplane import ControlPlane, Helm, temporary_namespace, wait_for
+from fleetkit.controlplane import ControlPlane, temporary_namespace, wait_for
 from fleetkit.cpfleet import cp_diagnostics
+from fleetkit.helm import Helm
 from fleetkit.operatorkit import (
     PEERING,
     OperatorEnv,

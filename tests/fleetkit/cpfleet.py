@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,9 +40,11 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.controlplane import LOOPBACK, ControlPlane, make_pod_ready
+from fleetkit.controlplane import LOOPBACK, ControlPlane
 from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
+from fleetkit.pods import make_pod_ready
+from fleetkit.rbac import service_account, service_account_with_rules
 from mcpfleet.operator import secretring
 from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_LABEL
 from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, Replica
@@ -128,30 +130,13 @@ class ControlPlaneFleet(LocalFleet):
 
     def _ensure_account(self, name: str, verbs: Sequence[str]) -> None:
         """ServiceAccount ``name``, bound to a Role allowing ``verbs`` on the one Secret."""
-        core = k8s.CoreV1Api(self.admin)
-        rbac = k8s.RbacAuthorizationV1Api(self.admin)
-        meta = k8s.V1ObjectMeta(name=name)
         rule = k8s.V1PolicyRule(
             api_groups=[""],
             resources=["secrets"],
             resource_names=[self.secret_name],
             verbs=list(verbs),
         )
-        ref = k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name)
-        subject = k8s.RbacV1Subject(kind="ServiceAccount", name=name, namespace=self.namespace)
-        creates = [
-            lambda: core.create_namespaced_service_account(
-                self.namespace, k8s.V1ServiceAccount(metadata=meta)
-            ),
-            lambda: rbac.create_namespaced_role(
-                self.namespace, k8s.V1Role(metadata=meta, rules=[rule])
-            ),
-            lambda: rbac.create_namespaced_role_binding(
-                self.namespace, k8s.V1RoleBinding(metadata=meta, role_ref=ref, subjects=[subject])
-            ),
-        ]
-        for create in creates:
-            _create_unless_exists(create)
+        service_account_with_rules(self.admin, self.namespace, name, [rule], exist_ok=True)
 
     # --- hooks of LocalFleet ------------------------------------------------------------
 
@@ -159,14 +144,8 @@ class ControlPlaneFleet(LocalFleet):
         """The accounts, and the Secret holding a new ring (an existing one is kept)."""
         self._ensure_account(self.volume_account, ("get", "watch"))
         self._ensure_account(self.rotator_account, ("get", "update"))
-        _create_unless_exists(
-            lambda: k8s.CoreV1Api(self.admin).create_namespaced_service_account(
-                self.namespace,
-                k8s.V1ServiceAccount(
-                    metadata=k8s.V1ObjectMeta(name=self.server_account),
-                    automount_service_account_token=False,
-                ),
-            )
+        service_account(
+            self.admin, self.namespace, self.server_account, automount_token=False, exist_ok=True
         )
         # As `helm install` would: the operator adopts a Secret that holds a valid ring.
         with contextlib.suppress(secretring.SecretConflict):
@@ -434,14 +413,6 @@ class ControlPlaneFleet(LocalFleet):
                 f" rv={s.resource_version} last_error={s.last_error!r}"
             )
         return "\n".join(out)
-
-
-def _create_unless_exists(create: Callable[[], object]) -> None:
-    try:
-        create()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
 def cp_diagnostics(cf: ControlPlaneFleet, *, plane_logs: bool = True) -> str:

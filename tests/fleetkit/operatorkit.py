@@ -35,8 +35,9 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetkit.controlplane import ControlPlane, Helm, free_port, repo_root, tail, wait_for
+from fleetkit.controlplane import ControlPlane, free_port, repo_root, tail, wait_for
 from fleetkit.cpfleet import ControlPlaneFleet, control_plane_fleet
+from fleetkit.helm import Helm
 from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, Mode, rotation_manifest
 from mcpfleet.operator.rotation import sealing_is_safe
 from mcpfleet.server.contract import RedisKeys
