@@ -14,7 +14,7 @@ import httpx2
 import pytest
 import redis
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.traffic import Traffic
 from fleetkit.wire import accept, initialize_body, modern_call
 from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
@@ -30,7 +30,7 @@ LIST = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": 
 
 @pytest.fixture
 def fresh_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
-    with local_fleet(tmp_path, routers=2) as lf, watched(request, lf):
+    with local_fleet(tmp_path, FleetOptions(routers=2)) as lf, watched(request, lf):
         yield lf
 
 
@@ -318,7 +318,7 @@ def test_unknown_protocol_version_is_answered_and_nothing_else_is_disturbed(
 
 def test_session_cap_turns_new_sessions_away_with_retry_after(tmp_path: Path) -> None:
     init = initialize_body("cap")
-    with local_fleet(tmp_path, replicas=2, router_args=("--session-cap", "2")) as lf:
+    with local_fleet(tmp_path, FleetOptions(replicas=2, router_args=("--session-cap", "2"))) as lf:
         owners = []
         for _ in range(4):
             resp = httpx.post(lf.url, content=init, headers=HEADERS, timeout=5)

@@ -41,7 +41,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit.controlplane import LOOPBACK, ControlPlane
-from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis, running
+from fleetkit.fleet import FleetOptions, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from fleetkit.pods import make_pod_ready
 from fleetkit.rbac import service_account, service_account_with_rules
@@ -50,7 +50,6 @@ from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_LABEL
 from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, Replica
 from mcpfleet.server.keys.files import read_ring
 from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.replica.appload import DEFAULT_APP
 
 #: The component label value of replica Pods.
 SERVER_COMPONENT = "server"
@@ -428,26 +427,15 @@ def control_plane_fleet(
     plane: ControlPlane,
     namespace: str,
     workdir: Path,
+    options: FleetOptions | None = None,
     *,
-    replicas: int = 3,
-    routers: int = 1,
-    replica_args: Sequence[str] = (),
-    router_args: Sequence[str] = (),
-    fleet: str = "test",
-    app: str = DEFAULT_APP,
     secret_name: str = "mcpfleet-keys",
 ) -> Iterator[ControlPlaneFleet]:
     """A :class:`ControlPlaneFleet`, torn down on exit (its Pods deleted, volumes stopped)."""
     require_redis()
     cf = ControlPlaneFleet(
         workdir,
-        replicas=replicas,
-        routers=routers,
-        fleet=fleet,
-        app=app,
-        replica_args=tuple(replica_args),
-        router_args=tuple(router_args),
-        extra_env={"PYTHONPATH": str(TESTS_DIR)},
+        **(options or FleetOptions()).fleet_fields(),
         plane=plane,
         namespace=namespace,
         secret_name=secret_name,

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import (
     MASTER,
     NOT_YET,
@@ -105,9 +106,7 @@ def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]
             [master, replica],
             f"redis+sentinel://{group.url_hosts}/{MASTER}/0",
             lambda: servers[group.master_port()].admin(),
-            fleet=FLEET,
-            replicas=2,
-            routers=2,
+            FleetOptions(fleet=FLEET, replicas=2, routers=2),
         )
         setup = SentinelFleet(master, replica, group, lf)
         with lf:
