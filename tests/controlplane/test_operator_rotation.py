@@ -139,7 +139,11 @@ async def test_a_full_rotation_under_load_fails_no_round(env: OperatorEnv) -> No
         return cf.ring().kids
 
     try:
-        await scenarios.operator_rotation_under_load(cf, rotate, workers=4, after=10)
+        # Modern bookings only, as this test always ran: the recorder samples Redis
+        # from this process every 10 ms, and with a handshake user beside the
+        # bookings it has missed the brief moment in which every replica attests a
+        # step before the operator writes the next one.
+        await scenarios.operator_rotation_under_load(cf, rotate, workers=4, handshakes=0, after=10)
     finally:
         rec.stop()
     new = status["newKid"]

@@ -191,18 +191,21 @@ async def operator_rotation_under_load(
     rotate: Callable[[], tuple[str, ...]],
     workers: int = 3,
     *,
+    handshakes: int = 1,
     before: int = 5,
     after: int = 5,
 ) -> tuple[str, ...]:
     """``rotate()`` asks the operator for a rotation and waits until it is Complete,
-    returning the ring's kids then; modern bookings and handshake plans run the
-    whole time (``before`` rounds before it, ``after`` rounds after) and none
-    fails. Every replica ends on the new ring alone."""
+    returning the ring's kids then; ``workers`` users of modern bookings and
+    ``handshakes`` of handshake plans run the whole time (``before`` rounds
+    before it, ``after`` rounds after) and none fails. Every replica ends on
+    the new ring alone."""
     original = fleet.ring().kids
     async with traffic() as load:
         for n in range(workers):
             load.modern(fleet.url, "book_flight", {"destination": f"C{n}"}, "Booked")
-        load.handshake(fleet.url, "rotating")
+        for n in range(handshakes):
+            load.handshake(fleet.url, f"rotating{n}")
         await load.progress(before, what="traffic before the rotation")
         kids = await asyncio.to_thread(rotate)
         await load.progress(after, what="traffic after it")
