@@ -164,6 +164,17 @@ class ControlPlaneFleet(LocalFleet):
         """Pod (Pending), then its Secret volume (first sync on disk), then the process."""
         self._release(name)  # a previous incarnation of the same name
         self._create_pod(name)
+        try:
+            volume = self._start_volume(name, wait=min(timeout, 20.0))
+        except BaseException:
+            self._delete_pod(name)
+            raise
+        with self._lock:
+            self.volumes[name] = volume
+        return super().add_replica(name, wait=wait, timeout=timeout)
+
+    def _start_volume(self, name: str, *, wait: float) -> _Volume:
+        """Replica ``name``'s Secret volume, synced once on disk (its client closed if not)."""
         api = self._service_account_client(self.volume_account)
         syncer = SecretVolumeSyncer(
             api,
@@ -173,14 +184,11 @@ class ControlPlaneFleet(LocalFleet):
             default_mode=KEYS_MODE,
         )
         try:
-            syncer.start(wait=min(timeout, 20.0))
+            syncer.start(wait=wait)
         except BaseException:
             api.close()
-            self._delete_pod(name)
             raise
-        with self._lock:
-            self.volumes[name] = _Volume(syncer, api)
-        return super().add_replica(name, wait=wait, timeout=timeout)
+        return _Volume(syncer, api)
 
     def wait_replica(self, name: str, timeout: float = 60.0) -> None:
         """Until the replica serves and is attested; then its Pod is made Ready."""
@@ -271,17 +279,9 @@ class ControlPlaneFleet(LocalFleet):
         with self._lock:
             old = self.volumes[name]
         old.api.close()
-        api = self._service_account_client(self.volume_account)
-        syncer = SecretVolumeSyncer(
-            api,
-            self.namespace,
-            self.secret_name,
-            self.replica_keys_dir(name),
-            default_mode=KEYS_MODE,
-        )
-        syncer.start(wait=20.0)
+        volume = self._start_volume(name, wait=20.0)
         with self._lock:
-            self.volumes[name] = _Volume(syncer, api)
+            self.volumes[name] = volume
 
     # --- Pods ---------------------------------------------------------------------------
 
