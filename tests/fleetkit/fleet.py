@@ -139,10 +139,11 @@ def diagnostics(fleet: LocalFleet) -> str:
     try:
         import redis
 
-        admin = getattr(fleet, "admin", None)  # a Redis with ACL users (fleetkit.redisrig)
+        from fleetkit.redisrig import RedisFleet  # imports this module: here, not at the top
+
         client = (
-            admin()
-            if admin is not None
+            fleet.admin()  # a Redis with ACL users
+            if isinstance(fleet, RedisFleet)
             else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
         )
         keys = RedisKeys(fleet.fleet)
