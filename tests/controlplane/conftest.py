@@ -13,11 +13,11 @@ from kubernetes import client as k8s
 
 from fleetkit.controlplane import (
     ControlPlane,
-    Helm,
     require_tools,
     session_control_plane,
     temporary_namespace,
 )
+from fleetkit.helm import Helm
 
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 

@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from fleetkit import chartkit
-from fleetkit.controlplane import Helm, HelmError, require_tools
+from fleetkit.controlplane import require_tools
+from fleetkit.helm import Helm, HelmError
 from mcpfleet.server.contract import RedisKeys
 
 pytestmark = pytest.mark.timeout(300)

@@ -26,6 +26,7 @@ from fleetkit.cpfleet import (
     control_plane_fleet,
     cp_diagnostics,
 )
+from fleetkit.fleet import FleetOptions
 from fleetkit.kubelet_secret import DATA_DIR
 from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
 from mcpfleet.server.keys.files import read_ring
@@ -48,7 +49,7 @@ def cp_fleet(
             control_plane,
             namespace,
             tmp_path_factory.mktemp("cpfleet"),
-            replica_args=("--state-ttl", str(int(STATE_TTL))),
+            FleetOptions(replica_args=("--state-ttl", str(int(STATE_TTL)))),
         ) as cf,
     ):
         yield cf

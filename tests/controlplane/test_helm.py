@@ -9,7 +9,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import Helm, HelmError, pinned_version
+from fleetkit.controlplane import pinned_version
+from fleetkit.helm import Helm, HelmError
 
 pytestmark = pytest.mark.controlplane
 

@@ -22,7 +22,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from redis.exceptions import NoPermissionError
 
-from fleetkit.controlplane import ControlPlane, Helm, temporary_namespace, wait_for
+from fleetkit.controlplane import ControlPlane, temporary_namespace, wait_for
+from fleetkit.helm import Helm
 from fleetkit.operatorkit import (
     CHART,
     OPERATOR_ACCOUNT,

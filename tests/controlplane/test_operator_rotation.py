@@ -14,20 +14,21 @@ serving replicas on a stable ring, one operator acting.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import itertools
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import ControlPlane, Helm, temporary_namespace, wait_for
+from fleetkit import scenarios
+from fleetkit.controlplane import ControlPlane, temporary_namespace, wait_for
 from fleetkit.cpfleet import cp_diagnostics
+from fleetkit.helm import Helm
 from fleetkit.operatorkit import (
     PEERING,
     OperatorEnv,
@@ -36,7 +37,6 @@ from fleetkit.operatorkit import (
     ring_body_for,
 )
 from mcpfleet.operator.api import KEYRINGS, KEYROTATIONS
-from mcpfleet.server.dev.demo import connect
 
 pytestmark = pytest.mark.controlplane
 
@@ -131,40 +131,21 @@ async def test_a_full_rotation_under_load_fails_no_round(env: OperatorEnv) -> No
     cf, res, op = env.fleet, env.resources, env.operator
     old = cf.ring().kids
     rec = RotationRecorder(cf, res.api).start()
-    stop = asyncio.Event()
-    completed: list[int] = []
-    failures: list[str] = []
+    status: dict[str, Any] = {}
 
-    async def worker(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(cf.url, "modern") as client:
-                    while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": f"C{n}"})
-                        if not str(result.data).startswith("Booked"):
-                            failures.append(str(result.data))
-                        completed.append(n)
-            except Exception as exc:  # any failed round is a failure of the rotation
-                failures.append(f"{type(exc).__name__}: {exc}")
-
-    async def progress(flows: int) -> None:
-        target = len(completed) + flows
-        deadline = time.monotonic() + 60
-        while len(completed) < target and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert len(completed) >= target, f"bookings stalled: {failures[:3]}"
-
-    tasks = [asyncio.create_task(worker(n)) for n in range(4)]
-    try:
-        await progress(5)
+    def rotate() -> tuple[str, ...]:
         res.rotate("under-load", RING, reason="routine")
-        status = await asyncio.to_thread(res.wait_rotation, "under-load", "Complete", 90)
-        await progress(10)
+        status.update(res.wait_rotation("under-load", "Complete", 90))
+        return cf.ring().kids
+
+    try:
+        # Modern bookings only, as this test always ran: the recorder samples Redis
+        # from this process every 10 ms, and with a handshake user beside the
+        # bookings it has missed the brief moment in which every replica attests a
+        # step before the operator writes the next one.
+        await scenarios.operator_rotation_under_load(cf, rotate, workers=4, handshakes=0, after=10)
     finally:
-        stop.set()
-        await asyncio.gather(*tasks)
         rec.stop()
-    assert failures == []
     new = status["newKid"]
     assert status["oldKid"] == old[0] and new not in old
     _assert_confirmed_steps(rec, old, new)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastmcp import Client
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.jwtkit import TokenIssuer
 from fleetkit.wire import accept, initialize_body, modern_call
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER, SESSION_ENDED_HEADER
@@ -45,7 +45,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, issuer: TokenIssuer) -> Iter
     key = issuer.write_public_key(workdir / "jwt-public.pem")
     port = free_port()
     env = {**issuer.app_env(key, f"http://127.0.0.1:{port}"), "PYTHONPATH": str(OWN_APP)}
-    with local_fleet(workdir, app="ownapp.server:mcp", env=env, port=port) as lf, shared(lf):
+    with (
+        local_fleet(workdir, FleetOptions(app="ownapp.server:mcp", env=env, port=port)) as lf,
+        shared(lf),
+    ):
         yield lf
 
 

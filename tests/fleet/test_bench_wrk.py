@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from benchkit.loadgen import run_wrk
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.server.dev.fleet import LocalFleet
 
 
@@ -26,7 +26,7 @@ def small_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet
         if os.environ.get("CI") == "true":
             pytest.fail("wrk is not installed (hack/ensure-debs.sh bench installs it)")
         pytest.skip("wrk is not installed: bash hack/ensure-debs.sh bench")
-    with local_fleet(Path(tmp_path_factory.mktemp("wrk")), replicas=1) as lf:
+    with local_fleet(Path(tmp_path_factory.mktemp("wrk")), FleetOptions(replicas=1)) as lf:
         yield lf
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from fleetkit import scenarios
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import modern_call
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
 from mcpfleet.server.dev.fleet import LocalFleet
@@ -27,7 +27,7 @@ def small_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Loca
         "--drain-timeout",
         "30",
     )
-    with local_fleet(tmp_path, replica_args=args) as lf, watched(request, lf):
+    with local_fleet(tmp_path, FleetOptions(replica_args=args)) as lf, watched(request, lf):
         yield lf
 
 

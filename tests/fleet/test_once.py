@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.onceapp import EFFECTS_ENV
 from fleetkit.wire import Answer, accept, modern_call
 from mcpfleet.server.dev.fleet import LocalFleet
@@ -35,7 +35,7 @@ def effects(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[LocalFleet]:
     workdir = tmp_path_factory.mktemp("once")
     env = {EFFECTS_ENV: str(effects)}
-    with local_fleet(workdir, app="fleetkit.onceapp:app", env=env) as lf, shared(lf):
+    with local_fleet(workdir, FleetOptions(app="fleetkit.onceapp:app", env=env)) as lf, shared(lf):
         yield lf
 
 

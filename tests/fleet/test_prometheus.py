@@ -28,7 +28,7 @@ from fastmcp.exceptions import ToolError
 from mcp_types import ElicitResult
 
 from fleetkit import monitoring, scenarios
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.server.dev.demo import connect
 from mcpfleet.server.dev.fleet import LocalFleet
@@ -182,7 +182,7 @@ def _traffic(lf: LocalFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> Non
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     monitoring.require_binary("prometheus")
     work = tmp_path_factory.mktemp("prom-fleet")
-    with local_fleet(work / "fleet", fleet="promtest") as lf, shared(lf):
+    with local_fleet(work / "fleet", FleetOptions(fleet="promtest")) as lf, shared(lf):
         prom = LocalPrometheus(
             work / "prometheus", namespace=lf.fleet, interval=1.0, rules=[monitoring.RULES_FILE]
         )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.server.dev.demo import Trace, connect
 from mcpfleet.server.dev.fleet import LocalFleet
 
@@ -19,7 +19,7 @@ EXPECTED = "atlas 2026-12-24 held with 45 sign-offs"
 @pytest.fixture(scope="module")
 def public_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     workdir = tmp_path_factory.mktemp("public")
-    with local_fleet(workdir, app="fleetkit.publicapp:app") as lf, shared(lf):
+    with local_fleet(workdir, FleetOptions(app="fleetkit.publicapp:app")) as lf, shared(lf):
         yield lf
 
 

@@ -24,6 +24,7 @@ import redis
 from redis.exceptions import NoPermissionError
 
 from fleetkit import scenarios
+from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
 from fleetkit.wire import initialize_body
 from mcpfleet.server import redisconn
@@ -54,9 +55,11 @@ def blue(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         [server],
         f"redis://127.0.0.1:{server.port}/0",
         server.admin,
-        fleet="blue",
-        replica_args=("--state-ttl", str(STATE_TTL), "--session-idle", str(SESSION_TTL)),
-        router_args=("--session-ttl", str(SESSION_TTL)),
+        FleetOptions(
+            fleet="blue",
+            replica_args=("--state-ttl", str(STATE_TTL), "--session-idle", str(SESSION_TTL)),
+            router_args=("--session-ttl", str(SESSION_TTL)),
+        ),
     )
     acl_log(server, reset=True)
     with lf, shared(lf):
@@ -296,8 +299,7 @@ def test_two_fleets_on_one_redis_see_only_their_own_prefix(
         [server],
         f"redis://127.0.0.1:{server.port}/0",
         server.admin,
-        fleet="green",
-        replicas=1,
+        FleetOptions(fleet="green", replicas=1),
     )
     acl_log(server, reset=True)
     with green:

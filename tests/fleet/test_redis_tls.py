@@ -17,6 +17,7 @@ import pytest
 
 from fleetkit import scenarios
 from fleetkit.certs import CertificateAuthority
+from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer, TLSFiles, acl_log, redis_fleet
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import RedisKeys
@@ -50,8 +51,7 @@ def fleet(
         [server],
         f"rediss://127.0.0.1:{server.port}/0",
         server.admin,
-        fleet="tls",
-        replicas=2,
+        FleetOptions(fleet="tls", replicas=2),
         client_args=tls.client_args(),
     )
     acl_log(server, reset=True)

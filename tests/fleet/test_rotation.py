@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetkit import scenarios
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import accept, modern_call
 from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
 from mcpfleet.server.dev.wait import wait_for
@@ -22,7 +22,10 @@ STATE_TTL = 4.0
 def rotating_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """A fleet whose request-state tokens live STATE_TTL seconds, so a rotation is quick."""
     args = ("--state-ttl", str(STATE_TTL))
-    with local_fleet(tmp_path_factory.mktemp("rot"), replica_args=args) as lf, shared(lf):
+    with (
+        local_fleet(tmp_path_factory.mktemp("rot"), FleetOptions(replica_args=args)) as lf,
+        shared(lf),
+    ):
         yield lf
 
 

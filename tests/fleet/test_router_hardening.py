@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from fleetkit.fleet import local_fleet, require_redis
+from fleetkit.fleet import FleetOptions, local_fleet, require_redis
 from fleetkit.wire import initialize_body
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
 from mcpfleet.server.dev.fleet import LocalFleet, free_port
@@ -226,7 +226,7 @@ async def test_a_client_cannot_set_the_headers_only_fleet_components_set(
 @pytest.fixture
 def crash_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
     with (
-        local_fleet(tmp_path, replicas=2, app="fleetkit.streamapp:app") as lf,
+        local_fleet(tmp_path, FleetOptions(replicas=2, app="fleetkit.streamapp:app")) as lf,
         watched(request, lf),
     ):
         yield lf
@@ -294,9 +294,11 @@ def impatient_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalF
     """A router that gives clients one second for headers and one for a body."""
     with local_fleet(
         tmp_path_factory.mktemp("impatient"),
-        replicas=1,
-        app="fleetkit.streamapp:app",
-        router_args=("--header-timeout", "1", "--body-timeout", "1"),
+        FleetOptions(
+            replicas=1,
+            app="fleetkit.streamapp:app",
+            router_args=("--header-timeout", "1", "--body-timeout", "1"),
+        ),
     ) as lf:
         yield lf
 
@@ -507,8 +509,7 @@ def crowded_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFle
     """A router that holds at most two client connections at once."""
     with local_fleet(
         tmp_path_factory.mktemp("crowded"),
-        replicas=1,
-        router_args=("--max-connections", "2", "--header-timeout", "60"),
+        FleetOptions(replicas=1, router_args=("--max-connections", "2", "--header-timeout", "60")),
     ) as lf:
         yield lf
 

@@ -14,7 +14,8 @@ import httpx2
 import pytest
 import redis
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.traffic import Traffic
 from fleetkit.wire import accept, initialize_body, modern_call
 from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
@@ -29,7 +30,7 @@ LIST = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": 
 
 @pytest.fixture
 def fresh_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
-    with local_fleet(tmp_path, routers=2) as lf, watched(request, lf):
+    with local_fleet(tmp_path, FleetOptions(routers=2)) as lf, watched(request, lf):
         yield lf
 
 
@@ -130,21 +131,6 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
 ) -> None:
     lf = fresh_fleet
     keys = RedisKeys(lf.fleet)
-    stop = asyncio.Event()
-    modern_ok: list[float] = []
-    modern_failed: list[str] = []
-
-    async def modern_load() -> None:
-        async with connect(lf.url, "modern") as client:
-            while not stop.is_set():
-                try:
-                    # A flow without once=True: a once-flow fails closed while Redis
-                    # is down (asserted below), everything else must keep flowing.
-                    result = await client.call_tool("create_task", {"project": "ops"})
-                    assert str(result.data).startswith("Created normal task")
-                    modern_ok.append(time.monotonic())
-                except Exception as exc:
-                    modern_failed.append(f"{type(exc).__name__}: {exc}")
 
     # Sessions opened before the outage, paused at a question.
     people = [Person("How many minutes") for _ in range(4)]
@@ -159,7 +145,10 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
         for i, c in enumerate(clients)
     ]
     await asyncio.wait_for(asyncio.gather(*(p.asked.wait() for p in people)), 30)
-    load = asyncio.create_task(modern_load())
+    load = Traffic()
+    # A flow without once=True: a once-flow fails closed while Redis
+    # is down (asserted below), everything else must keep flowing.
+    load.modern(lf.url, "create_task", {"project": "ops"}, "Created normal task")
     try:
         await asyncio.to_thread(lf.stop_redis)
         outage = time.monotonic()
@@ -185,7 +174,7 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
         assert "mcpfleet_router_degraded 1.0" in metrics
         while time.monotonic() - outage < 10:
             await asyncio.sleep(0.2)
-        ok_during = [t for t in modern_ok if t > outage]
+        ok_during = [r for r in load.rounds if r.at > outage]
         assert len(ok_during) > 20, "modern rounds kept completing while Redis was down"
         # A once-flow's final round fails closed: the retryable error, nothing purchased.
         args = {"item": "vase", "amount_eur": 9}
@@ -244,11 +233,10 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
         assert resp.status_code == 200
         del opened_during
     finally:
-        stop.set()
-        await load
+        await load.stop()
         for c in clients:
             await c.__aexit__(None, None, None)
-    assert modern_failed == []
+    assert load.failures == []
 
 
 # Under this load the third-party MCP client now and then drops a finished HTTP
@@ -330,7 +318,7 @@ def test_unknown_protocol_version_is_answered_and_nothing_else_is_disturbed(
 
 def test_session_cap_turns_new_sessions_away_with_retry_after(tmp_path: Path) -> None:
     init = initialize_body("cap")
-    with local_fleet(tmp_path, replicas=2, router_args=("--session-cap", "2")) as lf:
+    with local_fleet(tmp_path, FleetOptions(replicas=2, router_args=("--session-cap", "2"))) as lf:
         owners = []
         for _ in range(4):
             resp = httpx.post(lf.url, content=init, headers=HEADERS, timeout=5)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit.fleet import TESTS_DIR, diagnostics, local_fleet, running
+from fleetkit.fleet import TESTS_DIR, FleetOptions, diagnostics, local_fleet, running
 from fleetkit.jwtkit import TokenIssuer
 from mcpfleet.server.dev.fleet import LocalFleet
 from mcpfleet.server.selftest import metadata_url, selftest
@@ -48,7 +48,7 @@ async def test_selftest_fails_when_the_fleet_does_not_answer(fleet: LocalFleet) 
 
 
 async def test_selftest_with_another_app_lists_its_tools(tmp_path: Path) -> None:
-    with local_fleet(tmp_path, replicas=1, app="fleetkit.streamapp:app") as other:
+    with local_fleet(tmp_path, FleetOptions(replicas=1, app="fleetkit.streamapp:app")) as other:
         lines: list[str] = []
         assert await selftest(other.url, lines.append) == 0, lines
     assert all(" ok, initialize and tools/list " in line for line in lines), lines

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fleetkit.fleet import local_fleet
+from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.server.dev.demo import connect
 from mcpfleet.server.dev.fleet import LocalFleet
@@ -25,7 +25,7 @@ STREAM_APP = "fleetkit.streamapp:app"
 @pytest.fixture(scope="module")
 def stream_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     workdir = tmp_path_factory.mktemp("streams")
-    with local_fleet(workdir, replicas=2, app=STREAM_APP) as lf, shared(lf):
+    with local_fleet(workdir, FleetOptions(replicas=2, app=STREAM_APP)) as lf, shared(lf):
         yield lf
 
 

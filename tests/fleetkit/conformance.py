@@ -390,9 +390,11 @@ def run_all(suite: Suite, root: Path, replicas: int = 3) -> Report:
         suite=f"@modelcontextprotocol/conformance@{versions['@modelcontextprotocol/conformance']}",
         scenarios=scenarios,
     )
-    from fleetkit.fleet import local_fleet
+    from fleetkit.fleet import FleetOptions, local_fleet
 
-    with local_fleet(root / "fleet", replicas=replicas, app=APP, fleet="conformance") as fleet:
+    with local_fleet(
+        root / "fleet", FleetOptions(replicas=replicas, app=APP, fleet="conformance")
+    ) as fleet:
         one = next(iter(fleet.members.values()))
         for target, url in (("direct", f"{one.url}/mcp"), ("fleet", fleet.url)):
             started = time.monotonic()

@@ -6,10 +6,12 @@ a throwaway PKI, RBAC enforced, and ServiceAccount tokens signed by a key of its
 own, so a component under test can run with exactly the rights its RBAC grants
 (:meth:`ControlPlane.kubeconfig_for_service_account`). kube-controller-manager is
 optional: with it, Deployments create ReplicaSets and Pods. There is no kubelet
-and no scheduler: :func:`make_pod_ready` writes the status a kubelet would.
+and no scheduler: :func:`fleetkit.pods.make_pod_ready` writes the status a kubelet would.
 
 Everything a test needs is a plain class or function here, so any ``conftest.py``
-can build its fixtures from them (see :func:`session_control_plane`).
+can build its fixtures from them (see :func:`session_control_plane`). Beside
+it: :mod:`fleetkit.helm` (the built helm), :mod:`fleetkit.rbac` (ServiceAccounts
+and their Roles) and :mod:`fleetkit.pods` (a kubelet's Pod status).
 
 Run by hand::
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
-import datetime
 import http.client
 import json
 import os
@@ -46,6 +47,10 @@ import yaml
 from kubernetes import client as k8s
 
 from fleetkit.certs import CertificateAuthority, key_pem, new_signing_key, public_key_pem
+
+# Re-exported: rigs written before helm had a module of its own import it here.
+from fleetkit.helm import Helm as Helm
+from fleetkit.helm import HelmError as HelmError
 
 # The one wait helper, re-exported for the rigs that import it from here.
 from mcpfleet.server.dev.wait import WaitTimeout as WaitTimeout
@@ -767,124 +772,6 @@ def _terminate(component: _Component, timeout: float) -> None:
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-# --------------------------------------------------------------------------- helm
-
-
-class HelmError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class Helm:
-    """The built helm with its own cache/config/data dirs (never the user's)."""
-
-    binary: Path
-    home: Path
-    kubeconfig: Path | None = None
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HELM_", "KUBE"))}
-        env |= {
-            "HELM_CACHE_HOME": str(self.home / "cache"),
-            "HELM_CONFIG_HOME": str(self.home / "config"),
-            "HELM_DATA_HOME": str(self.home / "data"),
-        }
-        if self.kubeconfig is not None:
-            env["KUBECONFIG"] = str(self.kubeconfig)
-        return env
-
-    def run(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        """Run ``helm ARGS``; :class:`HelmError` (with stderr) when it fails."""
-        result = subprocess.run(
-            [str(self.binary), *args],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise HelmError(
-                f"helm {' '.join(args)} exited {result.returncode}\n"
-                f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-            )
-        return result
-
-
-# --------------------------------------------------------------------------- RBAC
-
-
-def service_account_with_rules(
-    api: k8s.ApiClient, namespace: str, name: str, rules: Sequence[k8s.V1PolicyRule]
-) -> None:
-    """Create ServiceAccount ``name`` bound to a Role ``name`` holding exactly ``rules``."""
-    core = k8s.CoreV1Api(api)
-    rbac = k8s.RbacAuthorizationV1Api(api)
-    meta = k8s.V1ObjectMeta(name=name)
-    core.create_namespaced_service_account(namespace, k8s.V1ServiceAccount(metadata=meta))
-    rbac.create_namespaced_role(namespace, k8s.V1Role(metadata=meta, rules=list(rules)))
-    rbac.create_namespaced_role_binding(
-        namespace,
-        k8s.V1RoleBinding(
-            metadata=meta,
-            role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name),
-            subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name=name, namespace=namespace)],
-        ),
-    )
-
-
-# --------------------------------------------------------------------------- pods
-
-
-def make_pod_ready(
-    api: k8s.ApiClient, namespace: str, name: str, ip: str = LOOPBACK
-) -> dict[str, Any]:
-    """Write the status a kubelet would report for a started, ready Pod.
-
-    There is no kubelet (and no scheduler) in this control plane, so Pods stay
-    Pending. Patching ``status`` to Running with every container ready and an
-    IP lets the ReplicaSet and Deployment controllers count the Pod as
-    available and the EndpointSlice controller publish it, which is all the
-    operator and the router observe. The Pod's processes, if any, are run by
-    the test itself (e.g. a replica on ``ip``).
-    """
-    core = k8s.CoreV1Api(api)
-    pod = core.read_namespaced_pod(name, namespace)
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    containers = pod.spec.containers if pod.spec else []
-    condition_types = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-    body = {
-        "status": {
-            "phase": "Running",
-            "hostIP": LOOPBACK,
-            "hostIPs": [{"ip": LOOPBACK}],
-            "podIP": ip,
-            "podIPs": [{"ip": ip}],
-            "startTime": now,
-            "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": now} for t in condition_types
-            ],
-            "containerStatuses": [
-                {
-                    "name": c.name,
-                    "image": c.image,
-                    "imageID": "",
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "state": {"running": {"startedAt": now}},
-                }
-                for c in containers
-            ],
-        }
-    }
-    response = core.patch_namespaced_pod_status(
-        name, namespace, body, _content_type="application/strategic-merge-patch+json"
-    )
-    result: dict[str, Any] = api.sanitize_for_serialization(response)
-    return result
 
 
 # --------------------------------------------------------------------------- fixtures

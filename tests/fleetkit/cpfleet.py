@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,15 +40,16 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.controlplane import LOOPBACK, ControlPlane, make_pod_ready
-from fleetkit.fleet import TESTS_DIR, diagnostics, require_redis, running
+from fleetkit.controlplane import LOOPBACK, ControlPlane
+from fleetkit.fleet import FleetOptions, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
+from fleetkit.pods import make_pod_ready
+from fleetkit.rbac import service_account, service_account_with_rules
 from mcpfleet.operator import secretring
 from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_LABEL
 from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, Replica
 from mcpfleet.server.keys.files import read_ring
 from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.replica.appload import DEFAULT_APP
 
 #: The component label value of replica Pods.
 SERVER_COMPONENT = "server"
@@ -128,30 +129,13 @@ class ControlPlaneFleet(LocalFleet):
 
     def _ensure_account(self, name: str, verbs: Sequence[str]) -> None:
         """ServiceAccount ``name``, bound to a Role allowing ``verbs`` on the one Secret."""
-        core = k8s.CoreV1Api(self.admin)
-        rbac = k8s.RbacAuthorizationV1Api(self.admin)
-        meta = k8s.V1ObjectMeta(name=name)
         rule = k8s.V1PolicyRule(
             api_groups=[""],
             resources=["secrets"],
             resource_names=[self.secret_name],
             verbs=list(verbs),
         )
-        ref = k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name)
-        subject = k8s.RbacV1Subject(kind="ServiceAccount", name=name, namespace=self.namespace)
-        creates = [
-            lambda: core.create_namespaced_service_account(
-                self.namespace, k8s.V1ServiceAccount(metadata=meta)
-            ),
-            lambda: rbac.create_namespaced_role(
-                self.namespace, k8s.V1Role(metadata=meta, rules=[rule])
-            ),
-            lambda: rbac.create_namespaced_role_binding(
-                self.namespace, k8s.V1RoleBinding(metadata=meta, role_ref=ref, subjects=[subject])
-            ),
-        ]
-        for create in creates:
-            _create_unless_exists(create)
+        service_account_with_rules(self.admin, self.namespace, name, [rule], exist_ok=True)
 
     # --- hooks of LocalFleet ------------------------------------------------------------
 
@@ -159,14 +143,8 @@ class ControlPlaneFleet(LocalFleet):
         """The accounts, and the Secret holding a new ring (an existing one is kept)."""
         self._ensure_account(self.volume_account, ("get", "watch"))
         self._ensure_account(self.rotator_account, ("get", "update"))
-        _create_unless_exists(
-            lambda: k8s.CoreV1Api(self.admin).create_namespaced_service_account(
-                self.namespace,
-                k8s.V1ServiceAccount(
-                    metadata=k8s.V1ObjectMeta(name=self.server_account),
-                    automount_service_account_token=False,
-                ),
-            )
+        service_account(
+            self.admin, self.namespace, self.server_account, automount_token=False, exist_ok=True
         )
         # As `helm install` would: the operator adopts a Secret that holds a valid ring.
         with contextlib.suppress(secretring.SecretConflict):
@@ -186,6 +164,17 @@ class ControlPlaneFleet(LocalFleet):
         """Pod (Pending), then its Secret volume (first sync on disk), then the process."""
         self._release(name)  # a previous incarnation of the same name
         self._create_pod(name)
+        try:
+            volume = self._start_volume(name, wait=min(timeout, 20.0))
+        except BaseException:
+            self._delete_pod(name)
+            raise
+        with self._lock:
+            self.volumes[name] = volume
+        return super().add_replica(name, wait=wait, timeout=timeout)
+
+    def _start_volume(self, name: str, *, wait: float) -> _Volume:
+        """Replica ``name``'s Secret volume, synced once on disk (its client closed if not)."""
         api = self._service_account_client(self.volume_account)
         syncer = SecretVolumeSyncer(
             api,
@@ -195,14 +184,11 @@ class ControlPlaneFleet(LocalFleet):
             default_mode=KEYS_MODE,
         )
         try:
-            syncer.start(wait=min(timeout, 20.0))
+            syncer.start(wait=wait)
         except BaseException:
             api.close()
-            self._delete_pod(name)
             raise
-        with self._lock:
-            self.volumes[name] = _Volume(syncer, api)
-        return super().add_replica(name, wait=wait, timeout=timeout)
+        return _Volume(syncer, api)
 
     def wait_replica(self, name: str, timeout: float = 60.0) -> None:
         """Until the replica serves and is attested; then its Pod is made Ready."""
@@ -293,17 +279,9 @@ class ControlPlaneFleet(LocalFleet):
         with self._lock:
             old = self.volumes[name]
         old.api.close()
-        api = self._service_account_client(self.volume_account)
-        syncer = SecretVolumeSyncer(
-            api,
-            self.namespace,
-            self.secret_name,
-            self.replica_keys_dir(name),
-            default_mode=KEYS_MODE,
-        )
-        syncer.start(wait=20.0)
+        volume = self._start_volume(name, wait=20.0)
         with self._lock:
-            self.volumes[name] = _Volume(syncer, api)
+            self.volumes[name] = volume
 
     # --- Pods ---------------------------------------------------------------------------
 
@@ -436,14 +414,6 @@ class ControlPlaneFleet(LocalFleet):
         return "\n".join(out)
 
 
-def _create_unless_exists(create: Callable[[], object]) -> None:
-    try:
-        create()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 def cp_diagnostics(cf: ControlPlaneFleet, *, plane_logs: bool = True) -> str:
     """:func:`fleetkit.fleet.diagnostics`, the API's view, and the control plane's logs."""
     parts = [diagnostics(cf), "--- control plane view ---", cf.api_state()]
@@ -457,26 +427,15 @@ def control_plane_fleet(
     plane: ControlPlane,
     namespace: str,
     workdir: Path,
+    options: FleetOptions | None = None,
     *,
-    replicas: int = 3,
-    routers: int = 1,
-    replica_args: Sequence[str] = (),
-    router_args: Sequence[str] = (),
-    fleet: str = "test",
-    app: str = DEFAULT_APP,
     secret_name: str = "mcpfleet-keys",
 ) -> Iterator[ControlPlaneFleet]:
     """A :class:`ControlPlaneFleet`, torn down on exit (its Pods deleted, volumes stopped)."""
     require_redis()
     cf = ControlPlaneFleet(
         workdir,
-        replicas=replicas,
-        routers=routers,
-        fleet=fleet,
-        app=app,
-        replica_args=tuple(replica_args),
-        router_args=tuple(router_args),
-        extra_env={"PYTHONPATH": str(TESTS_DIR)},
+        **(options or FleetOptions()).fleet_fields(),
         plane=plane,
         namespace=namespace,
         secret_name=secret_name,

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from fleetkit import scenarios
+from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import (
     MASTER,
     NOT_YET,
@@ -41,10 +41,10 @@ from fleetkit.redisrig import (
     acl_log,
     redis_fleet,
 )
+from fleetkit.traffic import Traffic
 from fleetkit.wire import initialize_body
 from mcpfleet.server import redisconn
 from mcpfleet.server.contract import SESSION_HEADER, RedisKeys
-from mcpfleet.server.dev.demo import connect
 from mcpfleet.server.dev.wait import WaitTimeout, wait_for
 from mcpfleet.server.registry import read_replicas_sync
 
@@ -106,9 +106,7 @@ def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]
             [master, replica],
             f"redis+sentinel://{group.url_hosts}/{MASTER}/0",
             lambda: servers[group.master_port()].admin(),
-            fleet=FLEET,
-            replicas=2,
-            routers=2,
+            FleetOptions(fleet=FLEET, replicas=2, routers=2),
         )
         setup = SentinelFleet(master, replica, group, lf)
         with lf:
@@ -150,41 +148,19 @@ class FailoverReport:
 async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> FailoverReport:
     lf = setup.fleet
     report = FailoverReport()
-    stop = asyncio.Event()
-
-    async def modern(url: str, n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(url, "modern", timeout=15) as client:
-                    while not stop.is_set():
-                        # Without once=True: a once-flow's final round fails closed
-                        # (retryable) in the seconds no master answers, by design.
-                        result = await client.call_tool("plan_meeting", {"topic": f"M{n}"})
-                        assert str(result.data).startswith("Planned"), result.data
-                        report.modern_ok += 1
-            except Exception as exc:
-                report.modern_failed += 1
-                report.failures.append(f"modern: {type(exc).__name__}: {exc}"[:300])
-
-    async def handshake(url: str, n: int) -> None:
-        i = 0
-        while not stop.is_set():
-            i += 1
-            try:
-                text, replicas, _ = await scenarios.handshake_session(url, f"h{n}-{i}")
-                assert text.startswith(f"Planned 'h{n}-{i}'") and len(replicas) == 1
-                report.handshake_ok += 1
-            except Exception as exc:
-                report.handshake_failed += 1
-                report.failures.append(f"handshake: {type(exc).__name__}: {exc}"[:300])
-
+    load = Traffic()
     urls = [lf.router_url(0), lf.router_url(1)]
-    tasks = [asyncio.create_task(modern(u, i)) for i, u in enumerate(urls)]
-    tasks += [asyncio.create_task(handshake(u, i)) for i, u in enumerate(urls)]
+    for n, url in enumerate(urls):
+        # Without once=True: a once-flow's final round fails closed
+        # (retryable) in the seconds no master answers, by design.
+        load.modern(url, "plan_meeting", {"topic": f"M{n}"}, "Planned", timeout=15)
+        load.handshake(url, f"h{n}", one_replica=True)
     keys = RedisKeys(FLEET)
     operator = setup.operator_client()
     try:
-        await _until("load to run", lambda: report.modern_ok >= 10 and report.handshake_ok >= 4)
+        await _until(
+            "load to run", lambda: load.done("modern") >= 10 and load.done("handshake") >= 4
+        )
         assert set(read_replicas_sync(operator, keys)) == {"replica-0", "replica-1"}
         acl_log(setup.master, reset=True)
         acl_log(setup.replica, reset=True)
@@ -242,15 +218,14 @@ async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> Failov
                     report.kept += 1
                 else:
                     report.failures.append(f"session via router 1: {resp.status_code} {resp.text}")
-        done = report.modern_ok + report.handshake_ok
-        await _until(
-            "load to run on the new master",
-            lambda: report.modern_ok + report.handshake_ok >= done + 10,
-        )
+        done = load.done()
+        await _until("load to run on the new master", lambda: load.done() >= done + 10)
     finally:
-        stop.set()
-        await asyncio.gather(*tasks)
+        await load.stop()
         operator.close()
+    report.modern_ok, report.handshake_ok = load.done("modern"), load.done("handshake")
+    report.modern_failed, report.handshake_failed = load.failed["modern"], load.failed["handshake"]
+    report.failures[:0] = [f[:300] for f in load.failures]
     report.denied = len(acl_log(setup.replica))
     return report
 

@@ -13,8 +13,9 @@ import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mcpfleet.server.contract import Attestation, RedisKeys
 from mcpfleet.server.dev.fleet import LocalFleet
@@ -24,8 +25,6 @@ from mcpfleet.server.replica.appload import DEFAULT_APP
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
 F = TypeVar("F", bound=LocalFleet)
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 class Fleet(Protocol):
@@ -71,42 +70,50 @@ def require_redis() -> str:
     pytest.skip("redis-server is not installed: apt-get install redis-server (or make deps)")
 
 
-@contextlib.contextmanager
-def local_fleet(
-    workdir: Path,
-    *,
-    replicas: int = 3,
-    routers: int = 1,
-    replica_args: Sequence[str] = (),
-    router_args: Sequence[str] = (),
-    fleet: str = "test",
-    app: str = DEFAULT_APP,
-    env: Mapping[str, str] | None = None,
-    port: int = 0,
-) -> Iterator[LocalFleet]:
-    """A fleet of local processes; torn down (and its ports freed) on exit.
+@dataclass(frozen=True)
+class FleetOptions:
+    """What every backend's fleet is made of, whichever backend runs it.
 
     ``app`` may also name a test app in ``tests/fleetkit``: tests/ is on the
     replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
     ``PYTHONPATH`` goes after tests/). ``port``: the first router's (default: free).
     """
+
+    replicas: int = 3
+    routers: int = 1
+    replica_args: Sequence[str] = ()
+    router_args: Sequence[str] = ()
+    fleet: str = "test"
+    app: str = DEFAULT_APP
+    env: Mapping[str, str] = field(default_factory=dict)
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        # Tuples, whatever sequence a caller passed: the options stay what they were.
+        object.__setattr__(self, "replica_args", tuple(self.replica_args))
+        object.__setattr__(self, "router_args", tuple(self.router_args))
+        object.__setattr__(self, "env", dict(self.env))
+
+    def fleet_fields(self) -> dict[str, Any]:
+        """The :class:`LocalFleet` fields these options set, for any backend's constructor."""
+        path = os.pathsep.join(p for p in (str(TESTS_DIR), self.env.get("PYTHONPATH")) if p)
+        return {
+            "replicas": self.replicas,
+            "routers": self.routers,
+            "fleet": self.fleet,
+            "app": self.app,
+            "replica_args": tuple(self.replica_args),
+            "router_args": tuple(self.router_args),
+            "port": self.port,
+            "extra_env": {**self.env, "PYTHONPATH": path},
+        }
+
+
+@contextlib.contextmanager
+def local_fleet(workdir: Path, options: FleetOptions | None = None) -> Iterator[LocalFleet]:
+    """A fleet of local processes; torn down (and its ports freed) on exit."""
     require_redis()
-    lf = LocalFleet(
-        workdir,
-        replicas=replicas,
-        routers=routers,
-        fleet=fleet,
-        app=app,
-        replica_args=tuple(replica_args),
-        router_args=tuple(router_args),
-        port=port,
-        extra_env={
-            **(env or {}),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(TESTS_DIR), (env or {}).get("PYTHONPATH")) if p
-            ),
-        },
-    )
+    lf = LocalFleet(workdir, **(options or FleetOptions()).fleet_fields())
     with running(lf, diagnostics):
         yield lf
 
@@ -132,10 +139,11 @@ def diagnostics(fleet: LocalFleet) -> str:
     try:
         import redis
 
-        admin = getattr(fleet, "admin", None)  # a Redis with ACL users (fleetkit.redisrig)
+        from fleetkit.redisrig import RedisFleet  # imports this module: here, not at the top
+
         client = (
-            admin()
-            if admin is not None
+            fleet.admin()  # a Redis with ACL users
+            if isinstance(fleet, RedisFleet)
             else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
         )
         keys = RedisKeys(fleet.fleet)

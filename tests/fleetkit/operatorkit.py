@@ -35,8 +35,10 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetkit.controlplane import ControlPlane, Helm, free_port, repo_root, tail, wait_for
+from fleetkit.controlplane import ControlPlane, free_port, repo_root, tail, wait_for
 from fleetkit.cpfleet import ControlPlaneFleet, control_plane_fleet
+from fleetkit.fleet import FleetOptions
+from fleetkit.helm import Helm
 from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, Mode, rotation_manifest
 from mcpfleet.operator.rotation import sealing_is_safe
 from mcpfleet.server.contract import RedisKeys
@@ -448,10 +450,12 @@ def operator_env(
         plane,
         namespace,
         workdir / "fleet",
-        replicas=replicas,
-        routers=routers,
-        replica_args=("--state-ttl", str(state_ttl)),
-        fleet=fleet,
+        FleetOptions(
+            replicas=replicas,
+            routers=routers,
+            replica_args=("--state-ttl", str(state_ttl)),
+            fleet=fleet,
+        ),
     ) as cf:
         redis_url, password_file = read_only_redis_account(cf.redis_port, fleet, workdir)
         env = OperatorEnv(

@@ -29,6 +29,7 @@ import pytest
 import redis
 
 from fleetkit.certs import CertificateAuthority
+from fleetkit.fleet import FleetOptions
 from mcpfleet.server.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
 from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, free_port
 from mcpfleet.server.dev.wait import wait_for
@@ -303,31 +304,22 @@ def redis_fleet(
     servers: Sequence[RedisServer],
     base_url: str,
     admin_client: Callable[[], redis.Redis],
+    options: FleetOptions,
     *,
-    fleet: str,
-    replicas: int = 3,
-    routers: int = 1,
-    replica_args: Sequence[str] = (),
-    router_args: Sequence[str] = (),
     client_args: Sequence[str] = (),
 ) -> RedisFleet:
     """A :class:`RedisFleet` whose users exist on every one of ``servers``."""
-    from fleetkit.fleet import TESTS_DIR
-
-    users = {c: component_user(servers, fleet, c, workdir) for c in REDIS_COMPONENTS}
+    users = {c: component_user(servers, options.fleet, c, workdir) for c in REDIS_COMPONENTS}
     lf = RedisFleet(
         workdir,
-        replicas=replicas,
-        routers=routers,
-        fleet=fleet,
+        **options.fleet_fields(),
         base_url=base_url,
         admin_client=admin_client,
         client_args=tuple(client_args),
         users=users,
-        extra_env={"PYTHONPATH": str(TESTS_DIR)},
     )
-    lf.replica_args = (*lf.component_args("replica"), *replica_args)
-    lf.router_args = (*lf.component_args("router"), *router_args)
+    lf.replica_args = (*lf.component_args("replica"), *options.replica_args)
+    lf.router_args = (*lf.component_args("router"), *options.router_args)
     return lf
 
 

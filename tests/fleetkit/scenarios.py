@@ -7,13 +7,13 @@ control plane, kind), so every backend proves the same behaviour.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from fleetkit.controlplane import wait_for
 from fleetkit.fleet import Fleet
+from fleetkit.traffic import traffic
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
 
 
@@ -66,52 +66,26 @@ async def concurrent_handshake_sessions(fleet: Fleet, count: int = 20) -> None:
 async def rotation_under_load(fleet: Fleet, state_ttl: float, workers: int = 4) -> None:
     """stage, promote, wait one TTL, retire, each confirmed by every replica: no round fails."""
     original = fleet.ring().kids
-    stop = asyncio.Event()
-    completed: list[str] = []
-    failures: list[str] = []
-
-    async def worker(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(fleet.url, "modern") as client:
-                    while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": f"C{n}"})
-                        if not str(result.data).startswith("Booked"):
-                            failures.append(str(result.data))
-                        completed.append(fleet.ring().phase)
-            except Exception as exc:  # any failed round is a failure of the rotation
-                failures.append(f"{type(exc).__name__}: {exc}")
-
-    tasks = [asyncio.create_task(worker(n)) for n in range(workers)]
-
-    async def progress(flows: int) -> None:
-        """Let ``flows`` more bookings complete under the current ring before moving on."""
-        target = len(completed) + flows
-        deadline = time.monotonic() + 60
-        while len(completed) < target and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert len(completed) >= target, f"flows stalled at {len(completed)}: {failures[:3]}"
-
-    try:
+    async with traffic() as load:
+        for n in range(workers):
+            args = {"destination": f"C{n}"}
+            load.modern(fleet.url, "book_flight", args, "Booked", label=lambda: fleet.ring().phase)
         wait = asyncio.to_thread
-        await progress(5)
+        await load.progress(5, what="flows")
         staged = await wait(fleet.rotate_step, "stage")
         await wait(fleet.wait_attested, staged.kids)
-        await progress(10)
+        await load.progress(10, what="flows")
         promoted = await wait(fleet.rotate_step, "promote")
         await wait(fleet.wait_attested, promoted.kids)
-        await progress(10)
+        await load.progress(10, what="flows")
         # Step 5: tokens sealed under the old key expire within one TTL of the last
         # replica sealing with it; the protocol waits that long, by the clock.
         await asyncio.sleep(state_ttl + 0.5)
         retired = await wait(fleet.rotate_step, "retire")
         await wait(fleet.wait_attested, retired.kids)
-        await progress(20)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-    assert failures == []
-    assert {"staged", "promoted", "stable"} <= set(completed)
+        await load.progress(20, what="flows")
+    assert load.failures == []
+    assert {"staged", "promoted", "stable"} <= load.labels()
     assert retired.kids == (promoted.kids[0],) and retired.kids[0] not in original
 
 
@@ -129,23 +103,8 @@ async def drain_under_load(
     true (the process has exited, the pod left the API).
     """
     drained = asyncio.Event()
-    stop = asyncio.Event()
-    modern: list[str] = []
-    modern_failed: list[str] = []
     placed_after: list[str] = []
     owners: list[str] = []
-
-    async def modern_stream() -> None:
-        async with connect(fleet.url, "modern") as client:
-            while not stop.is_set():
-                try:
-                    result = await client.call_tool(
-                        "confirm_purchase", {"item": "tea", "amount_eur": 2}
-                    )
-                    assert str(result.data).startswith("Purchased")
-                    modern.append("ok")
-                except Exception as exc:
-                    modern_failed.append(f"{type(exc).__name__}: {exc}")
 
     async def session(i: int) -> str:
         if i >= 10:
@@ -165,31 +124,29 @@ async def drain_under_load(
             placed_after.append(owner)
         return str(result.data)
 
-    load = asyncio.create_task(modern_stream())
-    sessions = [asyncio.create_task(session(i)) for i in range(20)]
-    await asyncio.to_thread(
-        wait_for,
-        lambda: (
-            fleet.attestations().get(victim) is not None
-            and fleet.attestations()[victim].sessions >= 1
-        ),
-        timeout=60,
-        what=f"a session on {victim}",
-    )
-    await asyncio.to_thread(fleet.drain, victim)
-
     def seen_draining() -> bool:
         record = fleet.attestations().get(victim)
         return record is None or record.state != "serving"
 
-    await asyncio.to_thread(wait_for, seen_draining, timeout=30, what=f"{victim} draining")
-    drained.set()
-    results = await asyncio.wait_for(asyncio.gather(*sessions), timeout)
-    stop.set()
-    await load
+    async with traffic() as load:
+        load.modern(fleet.url, "confirm_purchase", {"item": "tea", "amount_eur": 2}, "Purchased")
+        sessions = [asyncio.create_task(session(i)) for i in range(20)]
+        await asyncio.to_thread(
+            wait_for,
+            lambda: (
+                fleet.attestations().get(victim) is not None
+                and fleet.attestations()[victim].sessions >= 1
+            ),
+            timeout=60,
+            what=f"a session on {victim}",
+        )
+        await asyncio.to_thread(fleet.drain, victim)
+        await asyncio.to_thread(wait_for, seen_draining, timeout=30, what=f"{victim} draining")
+        drained.set()
+        results = await asyncio.wait_for(asyncio.gather(*sessions), timeout)
     assert all(r.startswith("Planned 'T") for r in results), results
-    assert modern_failed == [], modern_failed[:5]
-    assert len(modern) > 5
+    assert load.failures == [], load.failures[:5]
+    assert load.done() > 5
     assert placed_after and victim not in placed_after
     assert victim in owners, "sessions pinned to the drained replica finished on it"
     await asyncio.to_thread(
@@ -204,37 +161,11 @@ async def rolling_update_under_load(
     handshake sessions keep flowing: none fails. Returns the new replicas' names."""
     old = set(fleet.replica_names())
     count = len(old)
-    stop = asyncio.Event()
-    done: list[str] = []
-    failed: list[str] = []
-
-    async def modern_user() -> None:
-        while not stop.is_set():
-            try:
-                async with connect(fleet.url, "modern") as client:
-                    while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": "Oslo"})
-                        assert str(result.data).startswith("Booked"), result.data
-                        done.append("modern")
-            except Exception as exc:
-                failed.append(f"modern {type(exc).__name__}: {exc}")
-
-    async def handshake_user(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(fleet.url, "handshake") as client:
-                    result = await client.call_tool("plan_meeting", {"topic": f"R{n}"})
-                assert str(result.data).startswith(f"Planned 'R{n}'"), result.data
-                done.append("handshake")
-            except Exception as exc:
-                failed.append(f"handshake {type(exc).__name__}: {exc}")
-
-    users = [asyncio.create_task(modern_user()) for _ in range(2)]
-    users += [asyncio.create_task(handshake_user(n)) for n in range(2)]
-    try:
-        await asyncio.to_thread(
-            wait_for, lambda: len(done) >= 5, timeout=60, what="traffic before the rollout"
-        )
+    async with traffic() as load:
+        for n in range(2):
+            load.modern(fleet.url, "book_flight", {"destination": "Oslo"}, "Booked")
+            load.handshake(fleet.url, f"R{n}")
+        await load.progress(5, what="traffic before the rollout")
         await asyncio.to_thread(roll)
 
         def rolled_out() -> list[str] | None:
@@ -248,66 +179,37 @@ async def rolling_update_under_load(
         new: list[str] = await asyncio.to_thread(
             wait_for, rolled_out, timeout=timeout, interval=1, what="the rollout to finish"
         )
-        before = len(done)
-        await asyncio.to_thread(
-            wait_for, lambda: len(done) >= before + 5, timeout=60, what="traffic after it"
-        )
-    finally:
-        stop.set()
-        await asyncio.gather(*users)
-    assert failed == [], failed[:5]
+        await load.progress(5, what="traffic after the rollout")
+    assert load.failures == [], load.failures[:5]
     assert not set(new) & old
-    assert {"modern", "handshake"} <= set(done)
+    assert {"modern", "handshake"} <= load.labels()
     return new
 
 
 async def operator_rotation_under_load(
-    fleet: Fleet, rotate: Callable[[], tuple[str, ...]], workers: int = 3
+    fleet: Fleet,
+    rotate: Callable[[], tuple[str, ...]],
+    workers: int = 3,
+    *,
+    handshakes: int = 1,
+    before: int = 5,
+    after: int = 5,
 ) -> tuple[str, ...]:
     """``rotate()`` asks the operator for a rotation and waits until it is Complete,
-    returning the ring's kids then; modern bookings and handshake plans run the
-    whole time and none fails. Every replica ends on the new ring alone."""
+    returning the ring's kids then; ``workers`` users of modern bookings and
+    ``handshakes`` of handshake plans run the whole time (``before`` rounds
+    before it, ``after`` rounds after) and none fails. Every replica ends on
+    the new ring alone."""
     original = fleet.ring().kids
-    stop = asyncio.Event()
-    completed: list[str] = []
-    failures: list[str] = []
-
-    async def modern(n: int) -> None:
-        while not stop.is_set():
-            try:
-                async with connect(fleet.url, "modern") as client:
-                    while not stop.is_set():
-                        result = await client.call_tool("book_flight", {"destination": f"C{n}"})
-                        if not str(result.data).startswith("Booked"):
-                            failures.append(str(result.data))
-                        completed.append("modern")
-            except Exception as exc:  # any failed round is a failure of the rotation
-                failures.append(f"modern {type(exc).__name__}: {exc}")
-
-    async def handshake() -> None:
-        while not stop.is_set():
-            try:
-                text, _, _ = await handshake_session(fleet.url, "rotating")
-                assert text.startswith("Planned 'rotating'"), text
-                completed.append("handshake")
-            except Exception as exc:
-                failures.append(f"handshake {type(exc).__name__}: {exc}")
-
-    tasks = [asyncio.create_task(modern(n)) for n in range(workers)]
-    tasks.append(asyncio.create_task(handshake()))
-    try:
-        await asyncio.to_thread(
-            wait_for, lambda: len(completed) >= 5, timeout=60, what="traffic before the rotation"
-        )
+    async with traffic() as load:
+        for n in range(workers):
+            load.modern(fleet.url, "book_flight", {"destination": f"C{n}"}, "Booked")
+        for n in range(handshakes):
+            load.handshake(fleet.url, f"rotating{n}")
+        await load.progress(before, what="traffic before the rotation")
         kids = await asyncio.to_thread(rotate)
-        before = len(completed)
-        await asyncio.to_thread(
-            wait_for, lambda: len(completed) >= before + 5, timeout=60, what="traffic after it"
-        )
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
-    assert failures == [], failures[:5]
+        await load.progress(after, what="traffic after it")
+    assert load.failures == [], load.failures[:5]
     assert len(kids) == 1 and kids[0] not in original
     await asyncio.to_thread(fleet.wait_attested, kids)
     return kids
