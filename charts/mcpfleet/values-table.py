@@ -1,16 +1,18 @@
 """Regenerate the values table of charts/mcpfleet/README.md from values.yaml.
 
-    python3 charts/mcpfleet/values-table.py     # rewrites the table in place
+    python3 charts/mcpfleet/values-table.py           # rewrites the table in place
+    python3 charts/mcpfleet/values-table.py --check   # exit 1 if the README's table is stale
 
 Each value's description is the comment block above it (or above its nearest
 documented parent); its default is what values.yaml holds. The chart's tests
-check that the README lists every value.
+run ``--check``: the committed table is exactly what values.yaml makes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -77,12 +79,27 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def regenerated(text: str) -> str:
+    """The README ``text`` with its values table made anew from values.yaml."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:start] + "\n" + table() + "\n" + text[end:]
+
+
+def main(argv: list[str]) -> int:
     readme = HERE / "README.md"
     text = readme.read_text()
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    readme.write_text(text[:start] + "\n" + table() + "\n" + text[end:])
+    fresh = regenerated(text)
+    if argv == ["--check"]:
+        if fresh != text:
+            print("charts/mcpfleet/README.md: the values table is stale; run values-table.py")
+            return 1
+        return 0
+    if argv:
+        print("usage: values-table.py [--check]")
+        return 2
+    readme.write_text(fresh)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(sys.argv[1:]))

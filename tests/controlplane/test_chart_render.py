@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -470,6 +471,15 @@ def test_the_chart_readme_lists_every_value() -> None:
     readme = (chartkit.CHART / "README.md").read_text()
     listed = set(re.findall(r"^\| `([^`]+)` \|", readme, flags=re.M))
     assert listed == set(chartkit.value_paths(values))
+
+
+def test_the_chart_readme_values_table_is_what_values_yaml_makes() -> None:
+    """Regenerated and compared (``values-table.py --check``), as the dashboards are."""
+    script = chartkit.CHART / "values-table.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_an_upgrade_that_changes_the_replicas_does_not_restart_redis(helm: Helm) -> None:

@@ -186,12 +186,13 @@ async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartF
     before = release.ring().kids
     kids = await scenarios.operator_rotation_under_load(release, release.rotate)
     assert kids[0] not in before
-    # The operator nudged every replica pod after its Secret writes.
+    # The operator nudged every replica pod after its last Secret write: the
+    # annotation names the resourceVersion of the Secret as it stands now.
     secret = release.core.read_namespaced_secret(release.keyring, NAMESPACE)
+    version = secret.metadata.resource_version
     for pod in release.pods():
         if pod.metadata.deletion_timestamp is None:
-            assert KEYRING_NUDGE_ANNOTATION in (pod.metadata.annotations or {})
-    assert secret.metadata.resource_version
+            assert (pod.metadata.annotations or {}).get(KEYRING_NUDGE_ANNOTATION) == version
 
 
 async def test_deleting_a_replica_pod_drains_it_and_nothing_fails(release: ChartFleet) -> None:

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from fleetkit.chartkit import CHART
 from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
 from fleetkit.providers import Cluster
+from mcpfleet.operator.api import rotation_manifest
 from mcpfleet.server.contract import KEYRING_FILE, Attestation, RedisKeys
 from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.registry import read_replicas_sync
@@ -240,12 +241,7 @@ class ChartFleet:
     def rotate(self, timeout: float = 300) -> tuple[str, ...]:
         """Create a KeyRotation with kubectl; wait until it is Complete; the ring's kids."""
         name = f"{self.keyring}-{int(time.time() * 1000)}"
-        manifest = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "KeyRotation",
-            "metadata": {"name": name},
-            "spec": {"keyRing": self.keyring, "mode": "Normal", "reason": "e2e"},
-        }
+        manifest = rotation_manifest(self.keyring, name=name, reason="e2e")
         self.kubectl("create", "-f", "-", stdin=json.dumps(manifest))
 
         def complete() -> dict[str, Any] | None:
