@@ -46,6 +46,9 @@ for pkg in "$@"; do
       pkgs=()
       command -v docker >/dev/null || command -v podman >/dev/null || pkgs+=(podman)
       [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+      # podman's CNI networks resolve container names (kind's nodes find the
+      # control plane by name) only with the dnsname plugin.
+      command -v docker >/dev/null || [ -x /usr/lib/cni/dnsname ] || pkgs+=(golang-github-containernetworking-plugin-dnsname)
       command -v iptables >/dev/null || pkgs+=(iptables)
       command -v buildah >/dev/null || pkgs+=(buildah)
       command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)

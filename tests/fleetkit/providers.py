@@ -4,8 +4,10 @@
   containerd, kubelet, scheduler, kube-proxy, CoreDNS; root). The images are the
   archives ``make image`` wrote, imported into the node's containerd. The host
   reaches Services at their ClusterIPs (kube-proxy's rules) and pods at their IPs.
-- :class:`KindProvider` (``kind``): a kind cluster (``deploy/kind/cluster.yaml``)
-  where a Docker engine runs; the same archives go in with ``kind load
+- the kind provider (``kind``): a kind cluster (``deploy/kind/cluster.yaml``:
+  one control plane, two workers) on the node image made here
+  (:mod:`fleetkit.kind`, ``make kind-up``), with a Docker engine where one
+  answers, else podman; the same archives go in with ``kind load
   image-archive``, and the host reaches Services through ``kubectl port-forward``.
 
 Both hand the tests a :class:`Cluster`: a kubeconfig, chart values that point
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -61,14 +62,10 @@ def unavailable(provider: str) -> str | None:
         reasons = node_missing()
         return "; ".join(reasons) if reasons else None
     if provider == "kind":
-        if shutil.which("kind") is None:
-            return "kind is not installed (https://kind.sigs.k8s.io)"
-        if shutil.which("docker") is None:
-            return "no docker command: kind needs a Docker engine"
-        probe = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
-        if probe.returncode != 0:
-            return "no Docker engine answers (docker info failed): kind needs one"
-        return None
+        from fleetkit.kind import missing
+
+        reasons = missing()
+        return "; ".join(reasons) if reasons else None
     return f"unknown provider {provider!r} (one of {', '.join(PROVIDERS)})"
 
 
@@ -174,22 +171,24 @@ def kind_values(tag: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]:
     """A kind cluster with the images loaded; Services reached through port-forwards."""
+    from fleetkit import kind
     from fleetkit.node import Images
 
     images = Images()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        setup = kind.up(name, [a for a in images.archives if "pause" not in a.name])
+    except BaseException:
+        kind.down(name)
+        raise
     kubectl = tools_bin_dir() / "kubectl"
     cmds = KindCommands(
         name=name,
-        kubeconfig=workdir / "kubeconfig",
+        kubeconfig=setup.kubeconfig,
         kubectl=str(kubectl) if kubectl.exists() else "kubectl",
     )
-    workdir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(cmds.create(), check=True, timeout=600)
     forwards: list[subprocess.Popen[bytes]] = []
     try:
-        for archive in images.archives:
-            if "pause" not in archive.name:  # kind brings its own sandbox image
-                subprocess.run(cmds.load(archive), check=True, timeout=600)
         from kubernetes import config as k8s_config
 
         api = k8s_config.new_client_from_config(config_file=str(cmds.kubeconfig))
@@ -215,6 +214,7 @@ def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]
             api=api,
             values=kind_values(images.tag),
             reach=reach,
+            diagnostics=lambda: kind.diagnostics(name),
         )
         api.close()
     finally:
@@ -223,7 +223,9 @@ def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
         if os.environ.get("MCPFLEET_KIND_KEEP") != "1":
-            subprocess.run(cmds.delete(), check=False, timeout=300)
+            left = kind.down(name)
+            if left:
+                raise RuntimeError(f"kind cluster {name} left behind: {left}")
 
 
 def _connects(port: int) -> bool:
