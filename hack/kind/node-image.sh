@@ -192,7 +192,7 @@ ctr --address "$state/containerd.sock" --namespace k8s.io images ls -q | sort >"
 # The layers are unpacked into snapshots now: drop their blobs (what the CRI's
 # discard_unpacked_layers does), keeping manifests and configs. Every node
 # copies this store into its /var volume, so it is kept small.
-python3 - "$state/containerd.sock" <<'PY'
+python3 - "$state/containerd.sock" >"$preload/dropped.txt" <<'PY'
 import json, subprocess, sys
 sock = sys.argv[1]
 ctr = ["ctr", "--address", sock, "--namespace", "k8s.io"]
@@ -207,10 +207,16 @@ for line in out.splitlines()[1:]:
         layers.update(layer["digest"] for layer in m["layers"])
 if layers:
     subprocess.run(ctr + ["content", "rm", *sorted(layers)], capture_output=True, check=True)
+print("\n".join(sorted(layers)))
 print(f"kind-image: dropped {len(layers)} unpacked layer blobs", file=sys.stderr)
 PY
 stop_daemon
 trap cleanup EXIT
+# Their files go too (containerd's garbage collector would remove them later,
+# the metadata no longer names them).
+while read -r digest; do
+	rm -f "$preload/root/io.containerd.content.v1.content/blobs/${digest/://}"
+done <"$preload/dropped.txt"
 
 # ------------------------------------------------------------------ node
 c="$(buildah from scratch)"

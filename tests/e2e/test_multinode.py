@@ -38,7 +38,14 @@ def workers(cluster: Cluster) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def release(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChartFleet]:
+def release(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ChartFleet]:
+    provider = request.config.getoption("--cluster-provider")
+    if provider != "kind":
+        # Decided before any cluster starts: the local provider is one node.
+        pytest.skip(f"cluster provider {provider} is one node; these need --cluster-provider kind")
+    e2e_cluster: Cluster = request.getfixturevalue("e2e_cluster")
     found = workers(e2e_cluster)
     if len(found) < 2:
         pytest.skip(

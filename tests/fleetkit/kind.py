@@ -185,12 +185,15 @@ def _setup(name: str, image: str = "") -> KindSetup:
     )
 
 
-def _run(setup: KindSetup, argv: Sequence[str], timeout: float, check: bool = True) -> str:
+def _run(
+    setup: KindSetup, argv: Sequence[str], timeout: float, check: bool = True, merge: bool = True
+) -> str:
+    """Run a kind command; its output (with stderr unless ``merge=False``: kind warns there)."""
     result = subprocess.run(
         list(argv),
         env={**os.environ, **setup.env()},
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.STDOUT if merge else subprocess.DEVNULL,
         text=True,
         timeout=timeout,
         check=False,
@@ -201,7 +204,7 @@ def _run(setup: KindSetup, argv: Sequence[str], timeout: float, check: bool = Tr
 
 
 def exists(setup: KindSetup) -> bool:
-    return setup.name in _run(setup, setup.get_clusters(), 60, check=False).split()
+    return setup.name in _run(setup, setup.get_clusters(), 60, check=False, merge=False).split()
 
 
 def up(name: str = DEFAULT_NAME, archives: Sequence[Path] = ()) -> KindSetup:
@@ -246,7 +249,8 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
     _run(setup, setup.delete(), 300, check=False)
     # kind leaves its network behind; this one is only ours, and the host is
     # put back when the last of our clusters (those with a state dir) is gone.
-    others = [c for c in _run(setup, setup.get_clusters(), 60, check=False).split() if c != name]
+    listed = _run(setup, setup.get_clusters(), 60, check=False, merge=False).split()
+    others = [c for c in listed if c != name]
     ours_left = [c for c in others if (state.parent / c / "host.json").exists()]
     failed: list[str] = []
     if not ours_left:
@@ -273,7 +277,7 @@ def diagnostics(name: str = DEFAULT_NAME, lines: int = 20) -> str:
     """The last kubelet and containerd journal lines of every node (to explain a failure)."""
     try:
         setup = _setup(name)
-        nodes = _run(setup, setup.node_names(), 60, check=False).split()
+        nodes = _run(setup, setup.node_names(), 60, check=False, merge=False).split()
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         return f"no diagnostics: {exc}"
     out = []

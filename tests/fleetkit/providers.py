@@ -169,10 +169,17 @@ def kind_values(tag: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]:
-    """A kind cluster with the images loaded; Services reached through port-forwards."""
+def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
+    """A kind cluster with the images loaded; Services reached through port-forwards.
+
+    The cluster is ``$MCPFLEET_KIND_CLUSTER`` (default ``mcpfleet-e2e``): one
+    ``make kind-up`` made (``mcpfleet``) is used as it is, and deleted after
+    unless ``MCPFLEET_KIND_KEEP=1``.
+    """
     from fleetkit import kind
     from fleetkit.node import Images
+
+    name = name or os.environ.get("MCPFLEET_KIND_CLUSTER", "mcpfleet-e2e")
 
     images = Images()
     workdir.mkdir(parents=True, exist_ok=True)
