@@ -199,10 +199,14 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
         from kubernetes import config as k8s_config
 
         api = k8s_config.new_client_from_config(config_file=str(cmds.kubeconfig))
-        known: dict[tuple[str, str, int], int] = {}
+        known: dict[tuple[str, str, int], tuple[int, subprocess.Popen[bytes]]] = {}
 
         def reach(namespace: str, service: str, port: int) -> tuple[str, int]:
             key = (namespace, service, port)
+            # A port-forward follows one pod: when that pod is gone (a reinstall,
+            # a rescheduled replica) kubectl exits, and a new one is started.
+            if key in known and known[key][1].poll() is not None:
+                del known[key]
             if key not in known:
                 local = free_port()
                 proc = subprocess.Popen(
@@ -212,8 +216,8 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
                 )
                 forwards.append(proc)
                 wait_for(lambda: _connects(local), timeout=60, what=f"port-forward to {service}")
-                known[key] = local
-            return "127.0.0.1", known[key]
+                known[key] = (local, proc)
+            return "127.0.0.1", known[key][0]
 
         yield Cluster(
             provider="kind",
