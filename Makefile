@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load
+.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -134,6 +134,22 @@ cluster-down: venv
 node-load: venv
 	@test -n "$(IMAGE)" || { echo "make node-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
 	PYTHONPATH=tests $(PY) -m fleetkit.nodeload $(IMAGE)
+
+# A kind cluster (1 control plane + 2 workers) on a node image made here from the
+# hack/tools pins (hack/kind/node-image.sh, no registry): Docker where it answers,
+# else podman (root). kind-image prints "kind node image: <name>"; kind-up loads
+# the project's images and prints "export KUBECONFIG=<path>"; kind-down leaves
+# nothing (containers, network, volumes, iptables chains, mounts).
+kind-image:
+	bash hack/ensure-debs.sh kind node
+	bash hack/kind/node-image.sh
+
+kind-up: venv image
+	bash hack/ensure-debs.sh kind node
+	PYTHONPATH=tests $(PY) -m fleetkit.kind up
+
+kind-down: venv
+	PYTHONPATH=tests $(PY) -m fleetkit.kind down
 
 
 clean:

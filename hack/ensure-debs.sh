@@ -7,7 +7,10 @@
 #   image  what `make image` needs without a Docker engine (buildah, runc,
 #          mmdebstrap to make the base from the machine's own apt mirror);
 #   node   what the node tier runs besides the built Kubernetes tools
-#          (containerd, runc, the CNI plugins, iptables, iproute2).
+#          (containerd, runc, the CNI plugins, iptables, iproute2);
+#   kind   what a kind cluster needs where no Docker engine is installed
+#          (podman with the CNI plugins its bridge networks use; mmdebstrap
+#          and buildah make the node image, hack/kind/).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
@@ -38,6 +41,17 @@ for pkg in "$@"; do
       command -v iptables >/dev/null || pkgs+=(iptables)
       command -v ip >/dev/null || pkgs+=(iproute2)
       command -v conntrack >/dev/null || pkgs+=(conntrack)
+      ;;
+    kind)
+      pkgs=()
+      command -v docker >/dev/null || command -v podman >/dev/null || pkgs+=(podman)
+      [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+      # podman's CNI networks resolve container names (kind's nodes find the
+      # control plane by name) only with the dnsname plugin.
+      command -v docker >/dev/null || [ -x /usr/lib/cni/dnsname ] || pkgs+=(golang-github-containernetworking-plugin-dnsname)
+      command -v iptables >/dev/null || pkgs+=(iptables)
+      command -v buildah >/dev/null || pkgs+=(buildah)
+      command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
       ;;
     *) pkgs=("$pkg") ;;
   esac

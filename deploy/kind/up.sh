@@ -1,37 +1,28 @@
 #!/usr/bin/env bash
-# A kind cluster running mcpfleet, on any machine with Docker and kind:
+# A kind cluster running mcpfleet: Docker where it answers, else podman (root).
 #
-#   deploy/kind/up.sh               # create, build + load the images, helm install, print how to reach it
-#   deploy/kind/down.sh             # delete the cluster
+#   deploy/kind/up.sh               # create (make kind-up), helm install, print how to reach it
+#   deploy/kind/down.sh             # delete the cluster (make kind-down)
 #
-# Environment: CLUSTER (default mcpfleet), NAMESPACE (default mcpfleet),
-# RELEASE (default mcpfleet), HELM (default helm, or .cache/bin/helm when built),
-# MONITORING=1 also installs kube-prometheus-stack with deploy/kind/monitoring-values.yaml.
+# The cluster is the one `make kind-up` makes: deploy/kind/cluster.yaml on the
+# node image built here from the hack/tools pins (make kind-image), the
+# project's images (make image) kind-loaded. Environment: NAMESPACE (default
+# mcpfleet), RELEASE (default mcpfleet), HELM (default helm, or .cache/bin/helm
+# when built), MONITORING=1 also installs kube-prometheus-stack with
+# deploy/kind/monitoring-values.yaml (fetched from its chart repository).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-cluster="${CLUSTER:-mcpfleet}"
 namespace="${NAMESPACE:-mcpfleet}"
 release="${RELEASE:-mcpfleet}"
 helm="${HELM:-$(command -v helm || echo "$root/.cache/bin/helm")}"
 log() { echo "kind-up: $*" >&2; }
 
-for tool in docker kind kubectl; do
-	command -v "$tool" >/dev/null || { log "needs $tool"; exit 1; }
-done
-
-if ! kind get clusters 2>/dev/null | grep -qx "$cluster"; then
-	log "creating cluster $cluster"
-	kind create cluster --name "$cluster" --config "$here/cluster.yaml" --wait 120s
-fi
-
-log "building the images (make image)"
-IMAGE_BUILDER=docker bash "$root/hack/image/build.sh" >/dev/null
+log "creating the cluster (make kind-up)"
+export_line="$(make -C "$root" --no-print-directory kind-up | grep '^export KUBECONFIG=')"
+eval "$export_line"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml" | head -1)"
-for image in mcpfleet mcpfleet-redis; do
-	kind load image-archive "$root/.cache/image/$image-$version.tar" --name "$cluster"
-done
 
 if [[ "${MONITORING:-0}" == 1 ]]; then
 	log "installing kube-prometheus-stack (Prometheus Operator, Prometheus, Grafana)"
@@ -48,7 +39,8 @@ log "installing the chart ($release in $namespace)"
 "$helm" test "$release" --namespace "$namespace" --logs
 
 cat <<MSG
-mcpfleet is up on kind cluster $cluster. Reach the router:
+mcpfleet is up on kind cluster mcpfleet. Reach the router:
+  $export_line
   kubectl -n $namespace port-forward svc/$release-router 8000:80 &
   mcpfleet demo --url http://localhost:8000/mcp --era modern
 Rotate the keys:

@@ -54,6 +54,7 @@ helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm \
 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v} \
 -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s#v}"
+modver_in() { (cd "$here/$1" && modver "$2"); }
 
 # name | package | ldflags [| module directory under hack/tools, default: this one]. Order: the ones the tests cannot do without first.
 tools=(
@@ -72,6 +73,16 @@ tools=(
 	# Cluster DNS for the node tier, from its own module (coredns/go.mod).
 	"coredns|github.com/coredns/coredns||coredns"
 )
+# Built only when named (hack/kind/node-image.sh asks for them): the kind CLI
+# and what the kind node image holds besides the tools above, each from its own
+# module under hack/tools/ except kubeadm.
+on_request=(
+	"kubeadm|k8s.io/kubernetes/cmd/kubeadm|$kube_ldflags"
+	"kind|sigs.k8s.io/kind||kind"
+	"crictl|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=$(modver_in crictl sigs.k8s.io/cri-tools)|crictl"
+	"kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(modver_in kube-router github.com/cloudnativelabs/kube-router/v2)|kube-router"
+)
+[[ $# -gt 0 ]] && tools+=("${on_request[@]}")
 
 pins_of() { (cd "$1" && cat go.mod go.sum && go env GOVERSION GOOS GOARCH && echo "$GOFLAGS"); }
 failed=()

@@ -4,8 +4,10 @@
   containerd, kubelet, scheduler, kube-proxy, CoreDNS; root). The images are the
   archives ``make image`` wrote, imported into the node's containerd. The host
   reaches Services at their ClusterIPs (kube-proxy's rules) and pods at their IPs.
-- :class:`KindProvider` (``kind``): a kind cluster (``deploy/kind/cluster.yaml``)
-  where a Docker engine runs; the same archives go in with ``kind load
+- the kind provider (``kind``): a kind cluster (``deploy/kind/cluster.yaml``:
+  one control plane, two workers) on the node image made here
+  (:mod:`fleetkit.kind`, ``make kind-up``), with a Docker engine where one
+  answers, else podman; the same archives go in with ``kind load
   image-archive``, and the host reaches Services through ``kubectl port-forward``.
 
 Both hand the tests a :class:`Cluster`: a kubeconfig, chart values that point
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
@@ -63,14 +64,10 @@ def unavailable(provider: str) -> str | None:
         reasons = node_missing()
         return "; ".join(reasons) if reasons else None
     if provider == "kind":
-        if shutil.which("kind") is None:
-            return "kind is not installed (https://kind.sigs.k8s.io)"
-        if shutil.which("docker") is None:
-            return "no docker command: kind needs a Docker engine"
-        probe = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
-        if probe.returncode != 0:
-            return "no Docker engine answers (docker info failed): kind needs one"
-        return None
+        from fleetkit.kind import missing
+
+        reasons = missing()
+        return "; ".join(reasons) if reasons else None
     return f"unknown provider {provider!r} (one of {', '.join(PROVIDERS)})"
 
 
@@ -176,31 +173,44 @@ def kind_values(tag: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]:
-    """A kind cluster with the images loaded; Services reached through port-forwards."""
+def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
+    """A kind cluster with the images loaded; Services reached through port-forwards.
+
+    The cluster is ``$MCPFLEET_KIND_CLUSTER`` (default ``mcpfleet-e2e``): one
+    ``make kind-up`` made (``mcpfleet``) is used as it is, and deleted after
+    unless ``MCPFLEET_KIND_KEEP=1``.
+    """
+    from fleetkit import kind
     from fleetkit.node import Images
 
+    name = name or os.environ.get("MCPFLEET_KIND_CLUSTER", "mcpfleet-e2e")
+
     images = Images()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        setup = kind.up(name, [a for a in images.archives if "pause" not in a.name])
+    except BaseException:
+        kind.down(name)
+        raise
     kubectl = tools_bin_dir() / "kubectl"
     cmds = KindCommands(
         name=name,
-        kubeconfig=workdir / "kubeconfig",
+        kubeconfig=setup.kubeconfig,
         kubectl=str(kubectl) if kubectl.exists() else "kubectl",
     )
-    workdir.mkdir(parents=True, exist_ok=True)
-    subprocess.run(cmds.create(), check=True, timeout=600)
     forwards: list[subprocess.Popen[bytes]] = []
     try:
-        for archive in images.archives:
-            if "pause" not in archive.name:  # kind brings its own sandbox image
-                subprocess.run(cmds.load(archive), check=True, timeout=600)
         from kubernetes import config as k8s_config
 
         api = k8s_config.new_client_from_config(config_file=str(cmds.kubeconfig))
-        known: dict[tuple[str, str, int], int] = {}
+        known: dict[tuple[str, str, int], tuple[int, subprocess.Popen[bytes]]] = {}
 
         def reach(namespace: str, service: str, port: int) -> tuple[str, int]:
             key = (namespace, service, port)
+            # A port-forward follows one pod: when that pod is gone (a reinstall,
+            # a rescheduled replica) kubectl exits, and a new one is started.
+            if key in known and known[key][1].poll() is not None:
+                del known[key]
             if key not in known:
                 local = free_port()
                 proc = subprocess.Popen(
@@ -210,8 +220,8 @@ def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]
                 )
                 forwards.append(proc)
                 wait_for(lambda: _connects(local), timeout=60, what=f"port-forward to {service}")
-                known[key] = local
-            return "127.0.0.1", known[key]
+                known[key] = (local, proc)
+            return "127.0.0.1", known[key][0]
 
         yield Cluster(
             provider="kind",
@@ -219,6 +229,7 @@ def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]
             api=api,
             values=kind_values(images.tag),
             reach=reach,
+            diagnostics=lambda: kind.diagnostics(name),
         )
         api.close()
     finally:
@@ -227,7 +238,9 @@ def kind_cluster(workdir: Path, name: str = "mcpfleet-e2e") -> Iterator[Cluster]
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
         if os.environ.get("MCPFLEET_KIND_KEEP") != "1":
-            subprocess.run(cmds.delete(), check=False, timeout=300)
+            left = kind.down(name)
+            if left:
+                raise RuntimeError(f"kind cluster {name} left behind: {left}")
 
 
 def _connects(port: int) -> bool:

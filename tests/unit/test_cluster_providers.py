@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import yaml
 
+from fleetkit.kind import kind_binary
 from fleetkit.providers import KIND_CONFIG, KindCommands, kind_values, unavailable
 
 
@@ -51,6 +51,6 @@ def test_kind_values_point_the_chart_at_the_loaded_images() -> None:
 
 def test_a_provider_that_cannot_run_says_why() -> None:
     reason = unavailable("kind")
-    if shutil.which("kind") is None:
-        assert reason is not None and "kind is not installed" in reason
+    if kind_binary() is None:
+        assert reason is not None and "kind is not built" in reason
     assert "unknown provider" in str(unavailable("minikube"))

@@ -1,0 +1,3 @@
+module github.com/mcpfleet/mcpfleet/hack/kind/pause
+
+go 1.26.0
