@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from typing import Any
 
 import kopf
@@ -33,40 +32,26 @@ from mcpfleet.operator.api import (
     TERMINAL_PHASES,
     VERSION,
     KeyRingSpec,
-    RotationSpec,
     SpecError,
     parse_time,
     rotation_manifest,
 )
-from mcpfleet.operator.metrics import TIMED_PHASES
 from mcpfleet.operator.rotation import (
-    Convergence,
-    Decision,
     DeleteAction,
-    Observed,
     QueueEntry,
-    RingView,
     active_of,
     converge,
-    decide,
-    is_stalled,
     on_delete,
-    resumed_kids,
     schedule,
-    turn,
 )
-from mcpfleet.operator.runtime import Clock, QueueIndex, Runtime, SpecIndex, Tick, views
+from mcpfleet.operator.runtime import QueueIndex, Runtime, SpecIndex, Tick, views
 from mcpfleet.operator.status import (
     Status,
     keyring_invalid,
     keyring_status,
-    now_ms,
-    phase_events,
     recorded_phase,
-    rotation_ended,
-    rotation_progress,
-    rotation_waiting,
 )
+from mcpfleet.operator.stepping import advance
 from mcpfleet.server.keys.ring import KeyRing
 from mcpfleet.server.redisconn import describe
 
@@ -287,7 +272,7 @@ def rotation_tick(
     """Drive one rotation a step further, if the world allows it."""
     if meta.get("deletionTimestamp"):
         return  # the deletion handler decides now: abort, or finish first
-    _advance(Tick.of(memo, body, patch, rotation_queue, keyring_specs))
+    advance(Tick.of(memo, body, patch, rotation_queue, keyring_specs))
 
 
 @kopf.on.delete(GROUP, VERSION, KEYROTATIONS, backoff=ERROR_BACKOFF)  # type: ignore[arg-type]
@@ -316,7 +301,7 @@ def rotation_deleted(
                 "DeletionHeld",
                 "the new key already seals: finishing the rotation before deleting it",
             )
-        _advance(t)
+        advance(t)
         if patch.get("status", {}).get("phase", phase) != "Complete":
             raise kopf.TemporaryError("finishing the rotation before deletion", delay=ROTATION_TICK)
         return
@@ -339,161 +324,3 @@ def _abort_if_unpromoted(t: Tick, key_ring: str, ring_spec: KeyRingSpec) -> Dele
             "Aborted", f"deleted before promotion: the ring is back to {list(written.ring.kids)}"
         )
     return action
-
-
-def _advance(t: Tick) -> None:
-    """One step of a rotation: find its KeyRing, then observe, decide, perform and record."""
-    new: Status = {}
-    try:
-        rot = RotationSpec.parse(t.spec)
-    except SpecError as exc:
-        _fail(t, "", new, str(exc))
-        t.write(new)
-        return
-    new.update(keyRing=rot.key_ring, mode=rot.mode)
-    recorded = recorded_phase(t.status)
-    if recorded == "Pending" and "Pending" not in (t.status.get("phaseTimestamps") or {}):
-        new["phaseTimestamps"] = {"Pending": now_ms()}
-        if rot.reason:
-            t.event("Requested", rot.reason)
-    ring_spec = t.keyring_spec(rot.key_ring)
-    if isinstance(ring_spec, str):
-        new.update(rotation_waiting(ring_spec, t.status))
-        t.write(new)
-        return
-    with t.rt.lock(t.namespace, rot.key_ring):
-        outcome = _step(t, rot, ring_spec, new)
-    if outcome is None:
-        return  # the Secret changed meanwhile: decide again next tick
-    if isinstance(outcome, str):
-        new.update(rotation_waiting(outcome, t.status, keep=recorded))
-    else:
-        _record(t, rot, ring_spec, *outcome, new)
-    t.write(new)
-
-
-def _step(
-    t: Tick, rot: RotationSpec, ring_spec: KeyRingSpec, new: Status
-) -> tuple[Decision, Convergence] | str | None:
-    """Observe, decide and perform one step (under the KeyRing's lock).
-
-    Returns the decision and the convergence on the ring as it now is, or why
-    nothing can be observed yet, or None when the Secret changed since it was read.
-    """
-    current = secretring.read(t.rt.core, t.namespace, ring_spec.secret_name)
-    if current is None or current.ring is None:
-        why = "does not exist yet" if current is None else f"is not a valid ring: {current.error}"
-        return f"Secret {ring_spec.secret_name} {why}"
-    pods = t.rt.pods(t.namespace, ring_spec.selector)
-    try:
-        attested = t.rt.attested(ring_spec.fleet)
-    except (RedisError, OSError) as exc:
-        return f"cannot read attestations: {describe(exc)}"
-    view = current.view()
-    conv = converge(views(pods), attested, view.kids)
-    decision = decide(_observe(t, rot, ring_spec, view, conv, new))
-    if decision.action not in secretring.STEPS:
-        if decision.lagging:
-            t.rt.nudge(pods, current.resource_version, decision.lagging)
-        return decision, conv
-    try:
-        written = secretring.write_step(t.rt.core, current, decision.action, owner=(t.name, t.uid))
-    except secretring.SecretConflict as exc:
-        log.info("%s/%s: %s; deciding again", t.namespace, t.name, exc)
-        return None
-    assert written.ring is not None
-    t.metrics.secret_writes.labels(t.namespace, rot.key_ring, decision.action).inc()
-    if decision.action == "stage":
-        new.update(oldKid=written.ring.kids[0], newKid=written.ring.kids[1])
-    t.rt.nudge(pods, written.resource_version)
-    # Convergence from now on is on the ring just written (none attest it yet).
-    return decision, converge(views(pods), attested, written.ring.kids)
-
-
-def _observe(
-    t: Tick,
-    rot: RotationSpec,
-    ring_spec: KeyRingSpec,
-    view: RingView,
-    conv: Convergence,
-    new: Status,
-) -> Observed:
-    """What :func:`decide` needs, with the new kid and the TTL clock as this process knows them."""
-    recorded = recorded_phase(t.status)
-    new_kid = str(t.status.get("newKid") or "")
-    resumed = None if new_kid else resumed_kids(t.uid, view)
-    if resumed is not None:
-        new.update(oldKid=resumed[0], newKid=resumed[1])
-        new_kid = resumed[1]
-    ttl_elapsed = t.rt.clock(t.uid).ttl_elapsed(recorded == "Waiting", ring_spec.token_ttl)
-    mine, why = turn(t.uid, t.created, t.name, t.queue(rot.key_ring))
-    return Observed(
-        uid=t.uid,
-        phase=recorded,
-        new_kid=new_kid,
-        ring=view,
-        convergence=conv,
-        emergency=rot.emergency,
-        ttl_elapsed=ttl_elapsed,
-        my_turn=mine,
-        blocked=why,
-    )
-
-
-def _record(
-    t: Tick,
-    rot: RotationSpec,
-    ring_spec: KeyRingSpec,
-    decision: Decision,
-    conv: Convergence,
-    new: Status,
-) -> None:
-    """Status, Events, metrics and clocks for the decision just carried out."""
-    clock, now, phase = t.rt.clock(t.uid), time.monotonic(), decision.next_phase
-    spent = clock.advance(decision.phase, decision.next_phase, now)
-    if spent is not None:
-        left = decision.phase.lower()
-        if left in TIMED_PHASES:
-            t.metrics.phase_duration.labels(left).observe(spent)
-        if decision.action == "start-ttl":
-            clock.ttl_started = now
-        for kind, reason, text in phase_events(phase, ring_spec.token_ttl, rot.emergency):
-            kopf.event(t.body, type=kind, reason=reason, message=text)
-    if decision.action == "fail":
-        _fail(t, rot.key_ring, new, decision.message)
-        return
-    keyring = rot.key_ring
-    if phase == "Complete":
-        t.metrics.rotation_ended(t.namespace, keyring, "complete")
-        t.rt.forget(t.uid)
-    else:
-        t.metrics.set_phase(t.namespace, keyring, phase)
-    stalled = _stall(t, keyring, decision, clock, now)
-    new.update(
-        rotation_progress(decision, conv, t.status, new, stalled=stalled, emergency=rot.emergency)
-    )
-
-
-def _stall(t: Tick, keyring: str, decision: Decision, clock: Clock, now: float) -> bool:
-    """Whether the rotation is stalled now; a Warning when it becomes so, an Event when not."""
-    stalled = is_stalled(decision, now - clock.entered, t.rt.stall_after)
-    if stalled and not clock.stall_announced:
-        clock.stall_announced = True
-        t.metrics.stalls.labels(t.namespace, keyring).inc()
-        t.warn(
-            "Stalled",
-            f"{decision.phase} for over {t.rt.stall_after:g}s; lagging: "
-            f"{', '.join(decision.lagging)}",
-        )
-    if not stalled and t.status.get("stalled") and decision.next_phase != "Complete":
-        t.event("CaughtUp", "every replica attests again")
-    t.metrics.stalled.labels(t.namespace, keyring).set(1 if stalled else 0)
-    return stalled
-
-
-def _fail(t: Tick, keyring: str, new: Status, message: str) -> None:
-    """The rotation ends Failed: its status, its result metric, a warning Event."""
-    new.update(rotation_ended("Failed", message, t.status, new))
-    if keyring:
-        t.metrics.rotation_ended(t.namespace, keyring, "failed")
-    t.warn("Failed", message)
