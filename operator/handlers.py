@@ -10,7 +10,8 @@ it names, and record the outcome in status, Events and metrics.
 State lives in the cluster only: the ring and its owner in the Secret, the
 phase in the KeyRotation's status; what the status says is written by
 :mod:`~mcpfleet.operator.status`, what the process keeps in memory (only what
-may be lost safely) is in :mod:`~mcpfleet.operator.runtime`.
+may be lost safely) is in :mod:`~mcpfleet.operator.runtime`, and one rotation
+step (observe, decide, perform, record) is :mod:`~mcpfleet.operator.stepping`.
 """
 
 from __future__ import annotations
