@@ -31,7 +31,8 @@ between claiming and storing leaves the flow ``running`` until the claim
 expires, and its replays get the retryable error; the user starts a new flow.
 
 Standalone (no Redis), :class:`MemoryLedger` does the same job for one process.
-The ledger holds no secrets: a claim is a state, a replica name and a result.
+The ledger holds no keys or credentials: a claim is a state, a replica name and
+the tool's result.
 """
 
 from __future__ import annotations
@@ -124,7 +125,11 @@ RecordState = Literal["running", "done", "failed", "unkept"]
 
 @dataclass(frozen=True)
 class Record:
-    """One flow's entry in the ledger (JSON in Redis: no secret, no answers)."""
+    """One flow's entry in the ledger (JSON in Redis): a state, a replica, the tool's result.
+
+    Never a key or a credential, nor the user's answers; the result is what the
+    tool answered (the app's own data), kept until the claim expires.
+    """
 
     state: RecordState
     replica: str = ""
