@@ -67,7 +67,8 @@ class RedisKeys:
     """Names of every Redis key mcpfleet uses, scoped by fleet.
 
     Several fleets (say, two Helm releases) may share one Redis: each key
-    carries the fleet name. Keys hold routing facts and key ids, never keys.
+    carries the fleet name. Keys hold routing facts, key ids and once-flows' results,
+    never keys or credentials.
     """
 
     fleet: str = DEFAULT_FLEET
