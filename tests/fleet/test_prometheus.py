@@ -36,6 +36,8 @@ from mcpfleet.server.dev.localprom import LocalPrometheus
 from mcpfleet.server.dev.wait import wait_for
 from mcpfleet.server.keys.files import write_ring, write_volume
 from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.server.router.proxy import Outcome
+from mcpfleet.server.router.upstream import Failure
 
 from .conftest import shared
 
@@ -50,7 +52,19 @@ CLUSTER_ONLY_PANELS = {
     "mcpfleet / Key ring / Sealing key age",
     "mcpfleet / Key ring / Stalled rotations",
 }
-CLUSTER_ONLY_ALERTS = {"McpfleetKeyRotationStuck", "McpfleetKeyRotationFailed"}
+CLUSTER_ONLY_ALERTS = {
+    "McpfleetKeyRotationStuck",
+    "McpfleetKeyRotationFailed",
+    "McpfleetKeyTooOld",
+    "McpfleetOperatorDown",
+}
+#: Alerts on router outcomes a healthy local fleet never produces (every replica at its
+#: session cap, upstream failures): each outcome they name must be one the router
+#: emits, and their selectors without the outcome matcher must return series with
+#: the labels they use.
+RARE_OUTCOME_ALERTS = {"McpfleetRouterErrorRatioHigh", "McpfleetSessionCapReached"}
+ROUTER_OUTCOMES = {o.value for o in Outcome} | {f.value for f in Failure}
+_OUTCOME = re.compile(r',?\s*outcome=~?"([^"]*)"')
 
 _BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 _MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")
@@ -274,14 +288,23 @@ def test_every_alert_expression_is_valid_and_names_exported_series(observed: Obs
         observed.prom.query(alert.expr)  # the whole expression evaluates (raises if not)
         for selector in alert.selectors():
             metric = selector.split("{")[0]
-            if metric.startswith(monitoring.OPERATOR_PREFIX):
+            if monitoring.needs_operator(selector):
                 cluster_only.append(alert.name)
                 continue
+            outcome = _OUTCOME.search(selector)
+            if alert.name in RARE_OUTCOME_ALERTS and outcome:
+                unknown = set(outcome.group(1).split("|")) - ROUTER_OUTCOMES
+                if unknown:
+                    failures.append(f"{alert.name}: {sorted(unknown)} are not router outcomes")
+                selector = _OUTCOME.sub("", selector, count=1).replace("{,", "{")
+                selector = selector.replace("{}", "")
             problem = _check(observed, alert.name, selector, {metric})
             if problem:
                 failures.append(problem)
         metrics = {s.split("{")[0] for s in alert.selectors()}
-        if not any(m.startswith(monitoring.OPERATOR_PREFIX) for m in metrics):
+        if monitoring.needs_operator(alert.expr):
+            cluster_only.append(alert.name)
+        else:
             missing = _labels_used(alert.expr) - _label_names(observed, metrics)
             if missing:
                 failures.append(f"{alert.name}: labels {sorted(missing)} not exported")

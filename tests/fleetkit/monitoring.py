@@ -28,6 +28,18 @@ GENERATOR = ROOT / "deploy" / "monitoring" / "dashboards.py"
 
 #: Metrics only the operator exports: they have data only where it runs (a cluster).
 OPERATOR_PREFIX = "mcpfleet_operator_"
+#: The scrape job of the operator's metrics Service (the chart's ServiceMonitor).
+OPERATOR_JOB = "-operator-metrics"
+
+
+_OPERATOR_UP = re.compile(r"\bup\{[^}]*" + re.escape(OPERATOR_JOB))
+
+
+def needs_operator(expr: str) -> bool:
+    """True for an expression with data only where the operator runs: over its metrics,
+    or over its scrape target's ``up``."""
+    return OPERATOR_PREFIX in expr or _OPERATOR_UP.search(expr) is not None
+
 
 _SELECTOR = re.compile(r"\b(mcpfleet_[a-z0-9_]+)(\{[^}]*\})?")
 
