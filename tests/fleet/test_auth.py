@@ -21,7 +21,7 @@ from fastmcp import Client
 
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.jwtkit import TokenIssuer
-from fleetkit.wire import accept, initialize_body, modern_call
+from fleetkit.wire import Answer, accept, initialize_body, modern_call
 from mcpfleet.server.contract import ROUTER_ERROR_HEADER, SESSION_ENDED_HEADER
 from mcpfleet.server.dev.fleet import LocalFleet, free_port
 
@@ -193,24 +193,21 @@ def test_bobs_replay_of_alices_request_state_is_refused(
     args = {"item": "cake", "quantity": 3}
     first = modern_call(fleet.url, "place_order", args, headers=bearer(alice))
     state = first.result["requestState"]
-    stolen = modern_call(
-        fleet.url,
-        "place_order",
-        args,
-        request_state=state,
-        input_responses={"confirm": accept(True)},
-        headers=bearer(bob),
-    )
+
+    def confirm(token: str) -> Answer:
+        return modern_call(
+            fleet.url,
+            "place_order",
+            args,
+            request_state=state,
+            input_responses={"confirm": accept(True)},
+            headers=bearer(token),
+        )
+
+    stolen = confirm(bob)
     assert stolen.error is not None, stolen.body
     assert stolen.error["message"] == "Invalid or expired requestState"
-    own = modern_call(
-        fleet.url,
-        "place_order",
-        args,
-        request_state=state,
-        input_responses={"confirm": accept(True)},
-        headers=bearer(alice),
-    )
+    own = confirm(alice)
     assert own.result["content"][0]["text"] == "Ordered 3 x cake for alice."
 
 
