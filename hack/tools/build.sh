@@ -54,6 +54,8 @@ helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm \
 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v} \
 -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s#v}"
+# This module's own packages (coredns/): their source is part of the stamp.
+module="$(go list -m -f '{{.Path}}')"
 modver_in() { (cd "$here/$1" && modver "$2"); }
 
 # name | package | ldflags [| module directory under hack/tools, default: this one]. Order: the ones the tests cannot do without first.
@@ -70,8 +72,10 @@ tools=(
 	"kubelet|k8s.io/kubernetes/cmd/kubelet|$kube_ldflags"
 	# For a person debugging the node tier: kubectl logs / exec / get.
 	"kubectl|k8s.io/kubernetes/cmd/kubectl|$kube_ldflags"
-	# Cluster DNS for the node tier, from its own module (coredns/go.mod).
-	"coredns|github.com/coredns/coredns||coredns"
+	# Cluster DNS for the node tier and the kind cluster: CoreDNS with only the
+	# plugins the project's Corefiles use (coredns/main.go, in this module, so
+	# its Kubernetes client packages are the ones compiled for the tools above).
+	"coredns|$module/coredns|"
 )
 # Built only when named (hack/kind/node-image.sh asks for them): the kind CLI
 # and what the kind node image holds besides the tools above, each from its own
@@ -85,6 +89,13 @@ on_request=(
 [[ $# -gt 0 ]] && tools+=("${on_request[@]}")
 
 pins_of() { (cd "$1" && cat go.mod go.sum && go env GOVERSION GOOS GOARCH && echo "$GOFLAGS"); }
+# The source of a package of this module (none for packages from the proxy:
+# go.sum pins those).
+source_of() {
+	case "$1" in
+	"$module"/*) cat "$here/${1#"$module"/}"/*.go ;;
+	esac
+}
 failed=()
 for entry in "${tools[@]}"; do
 	IFS='|' read -r name pkg ldflags moddir <<<"$entry"
@@ -92,7 +103,7 @@ for entry in "${tools[@]}"; do
 		continue
 	fi
 	dir="$here${moddir:+/$moddir}"
-	stamp="$(printf '%s\n%s\n%s\n' "$(pins_of "$dir")" "$pkg" "$ldflags" | sha256sum | cut -d' ' -f1)"
+	stamp="$(printf '%s\n%s\n%s\n%s\n' "$(pins_of "$dir")" "$pkg" "$ldflags" "$(source_of "$pkg")" | sha256sum | cut -d' ' -f1)"
 	if [[ -x "$outdir/$name" && -f "$stamps/$name" && "$(cat "$stamps/$name")" == "$stamp" ]]; then
 		echo "build.sh: $name is up to date"
 		continue
