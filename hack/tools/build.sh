@@ -56,7 +56,6 @@ kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v} \
 -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s#v}"
 # This module's own packages (coredns/): their source is part of the stamp.
 module="$(go list -m -f '{{.Path}}')"
-modver_in() { (cd "$here/$1" && modver "$2"); }
 
 # name | package | ldflags [| module directory under hack/tools, default: this one]. Order: the ones the tests cannot do without first.
 tools=(
@@ -78,13 +77,13 @@ tools=(
 	"coredns|$module/coredns|"
 )
 # Built only when named (hack/kind/node-image.sh asks for them): the kind CLI
-# and what the kind node image holds besides the tools above, each from its own
-# module under hack/tools/ except kubeadm.
+# (from its own module, kind/go.mod) and what the kind node image holds besides
+# the tools above (from this module: they share its Kubernetes packages).
 on_request=(
 	"kubeadm|k8s.io/kubernetes/cmd/kubeadm|$kube_ldflags"
 	"kind|sigs.k8s.io/kind||kind"
-	"crictl|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=$(modver_in crictl sigs.k8s.io/cri-tools)|crictl"
-	"kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(modver_in kube-router github.com/cloudnativelabs/kube-router/v2)|kube-router"
+	"crictl|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=$(modver sigs.k8s.io/cri-tools)"
+	"kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(modver github.com/cloudnativelabs/kube-router/v2)"
 )
 [[ $# -gt 0 ]] && tools+=("${on_request[@]}")
 
