@@ -26,7 +26,10 @@ tool (
 	sigs.k8s.io/kwok/cmd/kwok
 )
 
-require github.com/coredns/coredns v1.15.0
+require (
+	github.com/coredns/caddy v1.1.4
+	github.com/coredns/coredns v1.15.0
+)
 
 require (
 	cel.dev/expr v0.25.2 // indirect
@@ -64,7 +67,6 @@ require (
 	github.com/containerd/containerd/api v1.11.1 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/containerd/ttrpc v1.2.9 // indirect
-	github.com/coredns/caddy v1.1.4 // indirect
 	github.com/coredns/corefile-migration v1.0.34 // indirect
 	github.com/coreos/go-iptables v0.7.0 // indirect
 	github.com/coreos/go-oidc v2.5.0+incompatible // indirect

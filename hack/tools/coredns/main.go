@@ -4,7 +4,7 @@
 // prometheus, forward, cache, loop, reload, loadbalance), plus log, hosts and
 // whoami for a person debugging DNS. This is CoreDNS's compile-time plugin
 // selection: coremain with a chosen set of plugin imports and
-// dnsserver.Directives in the order of CoreDNS's own plugin.cfg. Leaving out
+// dnsserver.Directives in the order of CoreDNS's own plugin.cfg (see init). Leaving out
 // the cloud-DNS plugins (route53, azure, clouddns, etcd, ...) is what lets this
 // package live in ../go.mod and share the compiled Kubernetes client packages
 // with the kube-* binaries.
@@ -14,6 +14,7 @@
 package main
 
 import (
+	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/coremain"
 
@@ -33,29 +34,23 @@ import (
 	_ "github.com/coredns/coredns/plugin/whoami"
 )
 
-// directives is CoreDNS v1.15.0's plugin.cfg order (core/dnsserver/zdirectives.go)
-// restricted to the plugins imported above: a plugin sees the effect of every
-// plugin after it in this list, so the order must stay CoreDNS's. "prometheus"
-// is the directive of plugin/metrics.
-var directives = []string{
-	"reload",
-	"bind",
-	"ready",
-	"health",
-	"prometheus",
-	"errors",
-	"log",
-	"loadbalance",
-	"cache",
-	"hosts",
-	"kubernetes",
-	"loop",
-	"forward",
-	"whoami",
-}
-
+// dnsserver.Directives, as generated from CoreDNS's plugin.cfg, names every
+// upstream plugin in the order a request passes through them (each plugin sees
+// the effect of the ones after it). Keep that order, restricted to the
+// plugins registered in this binary: the ones imported above and the few they
+// import themselves (metadata, transfer, dnstap, debug). A Corefile naming any
+// other plugin is then refused when it is parsed ("Unknown directive") rather
+// than failing at setup, and `coredns -plugins` lists exactly what a Corefile
+// may use. Main's init runs after every imported package's, so all plugins
+// are registered by then.
 func init() {
-	dnsserver.Directives = directives
+	var built []string
+	for _, name := range dnsserver.Directives {
+		if _, err := caddy.DirectiveAction("dns", name); err == nil {
+			built = append(built, name)
+		}
+	}
+	dnsserver.Directives = built
 }
 
 func main() {
