@@ -758,6 +758,7 @@ def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path)
     values = {
         "router": {
             "preStopSeconds": 4,
+            "drainLinger": 3,
             "gracefulTimeout": 25,
             "strategy": {
                 "type": "RollingUpdate",
@@ -774,7 +775,7 @@ def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path)
     spec = router["spec"]["template"]["spec"]
     container = _container(spec, "router")
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "4"]
-    assert spec["terminationGracePeriodSeconds"] == 4 + 25 + 5
+    assert spec["terminationGracePeriodSeconds"] == 4 + 3 + 25 + 5
     assert spec["priorityClassName"] == "fleet-critical"
     assert router["spec"]["strategy"] == values["router"]["strategy"]
     assert router["spec"]["template"]["metadata"]["labels"]["team"] == "mcp"
@@ -783,11 +784,12 @@ def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path)
     assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (7, 2, 4)
     # The rendered arguments are ones `mcpfleet router` takes, with the timeout.
     args = build_parser().parse_args(container["args"])
-    assert args.graceful_timeout == 25
+    assert args.graceful_timeout == 25 and args.drain_linger == 3
     default = _by(chartkit.objects(chartkit.render(helm)), "Deployment", "-router")
     default_spec = default["spec"]["template"]["spec"]
-    assert default_spec["terminationGracePeriodSeconds"] == 2 + 10 + 5
-    assert "--graceful-timeout=10" in _container(default_spec, "router")["args"]
+    assert default_spec["terminationGracePeriodSeconds"] == 2 + 2 + 10 + 5
+    default_args = _container(default_spec, "router")["args"]
+    assert "--graceful-timeout=10" in default_args and "--drain-linger=2" in default_args
 
 
 def test_the_routers_scale_with_an_hpa_and_then_have_no_replica_count(
