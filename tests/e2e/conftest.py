@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetkit.chartfleet import ChartFleet
 from fleetkit.providers import Cluster, cluster, unavailable
 
 HERE = Path(__file__).resolve().parent
@@ -67,3 +68,17 @@ def e2e_cluster(
         yield request.getfixturevalue("_kind_session")
         return
     yield from _started(request, tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed test prints what its releases' pods and the cluster's nodes say."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.failed:
+        return
+    fleets = [f for f in request.node.funcargs.values() if isinstance(f, ChartFleet)]
+    for fleet in fleets:
+        print(fleet.diagnostics())
+    if fleets:
+        print(fleets[0].cluster.diagnostics())

@@ -42,15 +42,6 @@ def release(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> I
         fleet.uninstall()
 
 
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    report = getattr(request.node, "rep_call", None)
-    fleet = request.node.funcargs.get("release")
-    if report is not None and report.failed and isinstance(fleet, ChartFleet):
-        print(fleet.diagnostics())
-
-
 def test_install_with_default_values_makes_every_pod_ready(release: ChartFleet) -> None:
     release.install()
     pods = release.core.list_namespaced_pod(NAMESPACE).items

@@ -52,10 +52,13 @@ VALUES: dict[str, Any] = {
     "redis": _ON_THE_CONTROL_PLANE,
     "operator": _ON_THE_CONTROL_PLANE,
     "server": {
+        # Seconds a sealed request state lives, so a rotation's last phase (the old
+        # key retired once no token sealed with it can still be valid) comes soon.
+        "stateTTL": 5,
         "tolerations": [
             {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}
             for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-        ]
+        ],
     },
 }
 
@@ -88,16 +91,6 @@ def release(
     yield fleet
     with contextlib.suppress(Exception):
         fleet.uninstall()
-
-
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    report = getattr(request.node, "rep_call", None)
-    fleet = request.node.funcargs.get("release")
-    if report is not None and report.failed and isinstance(fleet, ChartFleet):
-        print(fleet.diagnostics())
-        print(fleet.cluster.diagnostics())
 
 
 def placement(fleet: ChartFleet) -> Counter[str]:

@@ -67,15 +67,6 @@ def shop(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         fleet.uninstall()
 
 
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    report = getattr(request.node, "rep_call", None)
-    fleet = request.node.funcargs.get("shop")
-    if report is not None and report.failed and isinstance(fleet, ChartFleet):
-        print(fleet.diagnostics())
-
-
 def _bearer(token: str) -> Any:
     async def hook(request: Any) -> None:
         request.headers["authorization"] = f"Bearer {token}"

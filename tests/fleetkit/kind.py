@@ -155,8 +155,11 @@ class KindSetup:
     def node_names(self) -> list[str]:
         return [self.kind, "get", "nodes", "--name", self.name]
 
-    def load_image(self, image: str) -> list[str]:
-        return [self.kind, "load", "docker-image", image, "--name", self.name]
+    def save_image(self, image: str, archive: Path) -> list[str]:
+        """The image out of the engine's local storage, as a docker-archive."""
+        if self.engine == "podman":
+            return ["podman", "save", "--format", "docker-archive", "-o", str(archive), image]
+        return ["docker", "save", "-o", str(archive), image]
 
     def node_ip(self, node: str) -> list[str]:
         fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
@@ -320,11 +323,20 @@ def stop_node(name: str, node: str) -> None:
 
 
 def load_image(name: str, image: str) -> None:
-    """``kind load`` an image of the engine's local storage (buildah/podman's here)."""
+    """An image of the engine's local storage (buildah/podman's here) into every node.
+
+    Saved with the engine, then ``kind load image-archive``: ``kind load
+    docker-image`` asks the ``docker`` command, which finds no daemon here.
+    """
+    import tempfile
+
     setup = _setup(name)
     if not exists(setup):
         raise RuntimeError(f"no kind cluster {name}: make kind-up first")
-    _run(setup, setup.load_image(image), 900)
+    with tempfile.TemporaryDirectory(prefix="kind-load-") as tmp:
+        archive = Path(tmp) / "image.tar"
+        _run(setup, setup.save_image(image, archive), 900)
+        _run(setup, setup.load(archive), 900)
 
 
 def _engine_rm(setup: KindSetup, *argv: str) -> None:

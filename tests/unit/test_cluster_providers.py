@@ -40,9 +40,12 @@ def test_a_config_without_a_service_range_is_refused(tmp_path: Path) -> None:
 
 def test_kind_load_and_the_node_address_go_through_the_engine(tmp_path: Path) -> None:
     setup = KindSetup(name="e2e", engine="podman", image="i", kubeconfig=tmp_path / "k")
-    assert setup.load_image("localhost/ownapp:1") == [
-        "kind", "load", "docker-image", "localhost/ownapp:1", "--name", "e2e",
+    archive = tmp_path / "image.tar"
+    assert setup.save_image("localhost/ownapp:1", archive) == [
+        "podman", "save", "--format", "docker-archive", "-o", str(archive), "localhost/ownapp:1",
     ]  # fmt: skip
+    docker = KindSetup(name="e2e", engine="docker", image="i", kubeconfig=tmp_path / "k")
+    assert docker.save_image("x:1", archive) == ["docker", "save", "-o", str(archive), "x:1"]
     assert setup.node_ip(setup.control_plane())[0] == "podman"
     assert setup.node_ip(setup.control_plane())[-1] == "e2e-control-plane"
     assert setup.stop_node("e2e-worker") == ["podman", "stop", "e2e-worker"]
