@@ -11,7 +11,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-down
+.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,12 +50,18 @@ typecheck: venv
 	ln -sfn ../../../operator $(CACHE)/typecheck/mcpfleet/operator
 	cd $(CACHE)/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p mcpfleet.server -p mcpfleet.operator
 
-# The node tier (tests/node) needs root, its Debian packages and the image;
-# elsewhere its tests skip with the reason (with CI=true they fail).
-NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image)
+# The node tier (tests/node) needs root, its Debian packages and the image; the
+# e2e tier runs on a kind cluster (E2E_PROVIDER=kind: three nodes on podman, the
+# node image made here), in a pytest run of its own so the cluster is made once
+# and deleted as soon as the tier ends. E2E_PROVIDER=local puts it on this
+# machine's node instead. Without root both skip with the reason (with CI=true
+# they fail).
+E2E_PROVIDER ?= kind
+NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),kind-image))
 
 test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --ignore=tests/e2e
+	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 test-unit: venv
 	$(PY) -m pytest tests -m unit
@@ -147,6 +153,14 @@ kind-image:
 kind-up: venv image
 	bash hack/ensure-debs.sh kind node
 	PYTHONPATH=tests $(PY) -m fleetkit.kind up
+
+# IMAGE=localhost/myapp:1 [KIND_CLUSTER=name]: an image from buildah/podman's
+# (or Docker's) local storage into every node of the kind cluster; prints
+# `loaded: <name>`.
+KIND_CLUSTER ?= mcpfleet
+kind-load: venv
+	@test -n "$(IMAGE)" || { echo "make kind-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
+	PYTHONPATH=tests $(PY) -m fleetkit.kind load $(IMAGE) --name $(KIND_CLUSTER)
 
 kind-down: venv
 	PYTHONPATH=tests $(PY) -m fleetkit.kind down

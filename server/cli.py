@@ -43,6 +43,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -144,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=rtr.graceful_timeout,
         help="s requests and streams in flight may finish after SIGTERM"
         f" (default {rtr.graceful_timeout})",
+    )
+    r.add_argument(
+        "--drain-linger",
+        type=_non_negative,
+        default=rtr.drain_linger,
+        help="s after SIGTERM the router still serves, answering Connection: close,"
+        f" before its graceful shutdown (default {rtr.drain_linger})",
     )
     r.add_argument("--max-body-bytes", type=int, default=rtr.max_body_bytes)
     r.add_argument("--max-header-bytes", type=int, default=rtr.max_header_bytes)
@@ -337,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     session_ttl=args.session_ttl,
                     session_cap=args.session_cap,
                     graceful_timeout=args.graceful_timeout,
+                    drain_linger=args.drain_linger,
                     max_body_bytes=args.max_body_bytes,
                     max_header_bytes=args.max_header_bytes,
                     header_timeout=args.header_timeout,

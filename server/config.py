@@ -101,3 +101,8 @@ class RouterConfig:
     #: SIGTERM before it closes them (uvicorn's graceful shutdown); the chart
     #: sets it from router.gracefulTimeout, inside terminationGracePeriodSeconds.
     graceful_timeout: int = 5
+    #: Seconds between SIGTERM and that shutdown in which the router still serves
+    #: but answers every response with ``Connection: close`` and /readyz 503: a
+    #: client's keep-alive connection is closed by the router after an answer
+    #: (the client reconnects elsewhere), never under a request it just sent.
+    drain_linger: float = 2.0

@@ -24,14 +24,9 @@ mcpfleet="${MCPFLEET_IMAGE:-localhost/mcpfleet:$version}"
 # retagged by a build elsewhere on the machine since).
 archive="$root/.cache/image/mcpfleet-$version.tar"
 
-builder="${IMAGE_BUILDER:-}"
-if [[ -z "$builder" ]]; then
-	if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
-		builder=docker
-	else
-		builder=buildah
-	fi
-fi
+# shellcheck source=hack/image/builder.sh
+source "$root/hack/image/builder.sh"
+builder="$(image_builder)"
 
 if [[ "$builder" == docker ]]; then
 	docker build --build-arg "MCPFLEET_IMAGE=$mcpfleet" -t "$image" "$here" >&2
@@ -48,11 +43,8 @@ elif ! buildah inspect --type image "$mcpfleet" >/dev/null 2>&1; then
 	exit 1
 fi
 read -r _ build_base < <(bash "$root/hack/image/base.sh")
-ca_mount=()
-if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then
-	ca_mount=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
-fi
-buildah build --format docker --layers --network host --pull=never "${ca_mount[@]}" \
+buildah_ca_mount
+buildah build --format docker --layers --network host --pull=never "${CA_MOUNT[@]}" \
 	--build-arg "MCPFLEET_IMAGE=$mcpfleet" --build-arg "BUILD_BASE=$build_base" \
 	-t "$image" -f "$here/Dockerfile" "$here" >&2
 echo "$image"

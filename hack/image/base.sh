@@ -20,10 +20,12 @@ root="$(cd "$here/../.." && pwd)"
 suite="${IMAGE_SUITE:-bookworm}"
 # shellcheck source=hack/image/containers-env.sh
 source "$here/containers-env.sh"
+# shellcheck source=hack/image/debian-rootfs.sh
+source "$here/debian-rootfs.sh"
 log() { echo "base: $*" >&2; }
 
 mapfile -t mirrors < <(python3 "$here/apt-sources.py" "$suite")
-hash="$( (cat "$0"; printf '%s\n' "$suite" "${mirrors[@]}") | sha256sum | cut -c1-10)"
+hash="$( (cat "$0" "$here/debian-rootfs.sh"; printf '%s\n' "$suite" "${mirrors[@]}") | sha256sum | cut -c1-10)"
 base="localhost/mcpfleet-base:$suite-$hash"
 build_base="localhost/mcpfleet-build-base:$suite-$hash"
 
@@ -37,21 +39,7 @@ if ! exists "$base"; then
 	start=$SECONDS
 	tarball="$root/.cache/image/base-$suite-$hash.tar"
 	log "making $base with mmdebstrap from: ${mirrors[*]}"
-	mmdebstrap --mode=root --variant=minbase --format=tar --quiet \
-		--include=python3 \
-		--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-		--aptopt='Acquire::Languages "none"' \
-		--aptopt='APT::Install-Recommends "false"' \
-		--dpkgopt='path-exclude=/usr/share/man/*' \
-		--dpkgopt='path-exclude=/usr/share/info/*' \
-		--dpkgopt='path-exclude=/usr/share/doc/*' \
-		--dpkgopt='path-include=/usr/share/doc/*/copyright' \
-		--dpkgopt='path-exclude=/usr/share/locale/*' \
-		--dpkgopt='path-include=/usr/share/locale/locale.alias' \
-		--customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log' \
-		"$suite" "$tarball.tmp" "${mirrors[@]}" >"$root/.cache/image/mmdebstrap.log" 2>&1 ||
-		{ tail -30 "$root/.cache/image/mmdebstrap.log" >&2; exit 1; }
-	mv -f "$tarball.tmp" "$tarball"
+	debian_rootfs "$suite" python3 "$tarball" "$root/.cache/image/mmdebstrap.log" "${mirrors[@]}" || exit 1
 	ctr="$(buildah from scratch)"
 	trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
 	buildah add --quiet "$ctr" "$tarball" / >/dev/null

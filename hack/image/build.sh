@@ -37,14 +37,9 @@ redis_archive="$out/mcpfleet-redis-$tag.tar"
 revision="$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
 log() { echo "image: $*" >&2; }
 
-builder="${IMAGE_BUILDER:-}"
-if [[ -z "$builder" ]]; then
-	if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
-		builder=docker
-	else
-		builder=buildah
-	fi
-fi
+# shellcheck source=hack/image/builder.sh
+source "$here/builder.sh"
+builder="$(image_builder)"
 
 start=$SECONDS
 if [[ "$builder" == docker ]]; then
@@ -72,11 +67,8 @@ log "building $image with buildah on $base"
 previous="$(buildah inspect --type image -f '{{.FromImageID}}' "$image" 2>/dev/null || true)"
 # The host's CA bundle is mounted read-only into RUN steps (pip trusts it); a
 # build-time mount is no part of any layer.
-ca_mount=()
-if [[ -f /etc/ssl/certs/ca-certificates.crt ]]; then
-	ca_mount=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
-fi
-buildah build --format docker --layers --network host "${ca_mount[@]}" \
+buildah_ca_mount
+buildah build --format docker --layers --network host "${CA_MOUNT[@]}" \
 	--build-arg "BASE=$base" --build-arg "BUILD_BASE=$build_base" \
 	--build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
 	-t "$image" -f Dockerfile . >&2

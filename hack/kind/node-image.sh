@@ -35,6 +35,8 @@ mkdir -p "$cache/images"
 # buildah on this kind of machine: runc, host network for RUN, lowered rlimits.
 # shellcheck source=hack/image/containers-env.sh
 source "$root/hack/image/containers-env.sh"
+# shellcheck source=hack/image/debian-rootfs.sh
+source "$root/hack/image/debian-rootfs.sh"
 
 for tool in mmdebstrap buildah containerd ctr; do
 	command -v "$tool" >/dev/null || die "$tool is not installed: bash hack/ensure-debs.sh kind node"
@@ -48,32 +50,17 @@ mapfile -t mirrors < <(python3 "$root/hack/image/apt-sources.py" "$suite")
 # their list and the mirrors.
 rootfs() {
 	local name="$1" packages="$2" key tarball
-	key="$(printf '%s\n' "$packages" "$suite" "${mirrors[@]}" | sha256sum | cut -c1-10)"
+	key="$( (printf '%s\n' "$packages" "$suite" "${mirrors[@]}"; cat "$root/hack/image/debian-rootfs.sh") | sha256sum | cut -c1-10)"
 	tarball="$cache/$name-$key.tar"
 	if [[ ! -f "$tarball" ]]; then
 		local t=$SECONDS
 		rm -f "$cache/$name"-*.tar
-		mmdebstrap --mode=root --variant=minbase --format=tar --quiet \
-			--include="$packages" \
-			--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-			--aptopt='Acquire::Languages "none"' \
-			--aptopt='APT::Install-Recommends "false"' \
-			--dpkgopt='path-exclude=/usr/share/man/*' \
-			--dpkgopt='path-exclude=/usr/share/info/*' \
-			--dpkgopt='path-exclude=/usr/share/doc/*' \
-			--dpkgopt='path-include=/usr/share/doc/*/copyright' \
-			--dpkgopt='path-exclude=/usr/share/locale/*' \
-			--customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*.log' \
-			"$suite" "$tarball.tmp" "${mirrors[@]}" >"$cache/mmdebstrap-$name.log" 2>&1 ||
-			{ tail -30 "$cache/mmdebstrap-$name.log" >&2; die "mmdebstrap $name failed"; }
-		mv -f "$tarball.tmp" "$tarball"
+		debian_rootfs "$suite" "$packages" "$tarball" "$cache/mmdebstrap-$name.log" "${mirrors[@]}" ||
+			die "mmdebstrap $name failed"
 		log "made the $name root filesystem in $((SECONDS - t))s"
 	fi
 	echo "$tarball"
 }
-node_tar="$(rootfs node-rootfs systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iptables,ipset,iproute2,conntrack,ethtool,socat,util-linux,mount,kmod,procps,ca-certificates)"
-# kube-proxy and kube-router run iptables/ipset from their own images.
-netbase_tar="$(rootfs net-base iptables,ipset,iproute2,conntrack,kmod)"
 
 # ------------------------------------------------------------------ binaries
 tools=(kubeadm kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy etcd coredns crictl kube-router)
@@ -96,7 +83,7 @@ for want in "imageRepository: $repo" "imageTag: $etcd" "imageTag: $coredns"; do
 done
 
 hash="$( (
-	cat "$0" "$here/pause/main.go"
+	cat "$0" "$root/hack/image/debian-rootfs.sh" "$here/pause/main.go"
 	find "$here/node" -type f | sort | xargs cat
 	cat "$bin"/.stamps/{kubeadm,kubelet,kubectl,kube-apiserver,kube-controller-manager,kube-scheduler,kube-proxy,etcd,coredns,crictl,kube-router}
 	printf '%s\n' "$suite" "${mirrors[@]}"
@@ -108,6 +95,13 @@ if buildah inspect --type image "$image" >/dev/null 2>&1; then
 	echo "kind node image: $image"
 	exit 0
 fi
+
+# The root filesystems only now: the image's tag covers their inputs (this
+# script's package lists, the suite, the mirrors), so an image that is up to
+# date needs neither (a fresh clone has no cached tarballs).
+node_tar="$(rootfs node-rootfs systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iptables,ipset,iproute2,conntrack,ethtool,socat,util-linux,mount,kmod,procps,ca-certificates)"
+# kube-proxy and kube-router run iptables/ipset from their own images.
+netbase_tar="$(rootfs net-base iptables,ipset,iproute2,conntrack,kmod)"
 
 # ------------------------------------------------------------------ images
 ctrs=()

@@ -19,6 +19,14 @@ the upstream request, and vice versa. Requests that no replica processed
 (refused connection, a draining replica's 503) are resent to another replica;
 nothing else is retried.
 
+Shutdown (SIGTERM, after the Pod's preStop pause): for ``drain_linger`` seconds
+the router still serves, but every response carries ``Connection: close`` and
+/readyz answers 503, so each client's keep-alive connection is closed by the
+router right after an answer (the client's next request opens a connection to
+another router); then uvicorn's graceful shutdown lets what is in flight finish
+(``graceful_timeout``). Without the linger, a request a client sent on an idle
+pooled connection could meet that connection's close and be lost unanswered.
+
 :class:`Router` decides and keeps the books (in flight, sessions, latency,
 outcomes); it forwards through :class:`~mcpfleet.server.router.upstream.Upstream`.
 """
@@ -30,9 +38,12 @@ import contextlib
 import enum
 import json
 import logging
+import signal
 import time
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from mcpfleet.server.config import RouterConfig
@@ -130,6 +141,8 @@ class Router:
         )
         self.upstream = Upstream(config.connect_timeout)
         self._tasks: list[asyncio.Task[None]] = []
+        #: Set at SIGTERM: answers close their connections, /readyz says 503.
+        self.closing = False
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -203,12 +216,15 @@ class Router:
 
     def status(self) -> dict[str, Any]:
         return {
+            "closing": self.closing,
             "degraded": self.health.degraded,
             "replicas": {n: a.state for n, a in sorted(self.view.replicas.items())},
             "serving": len(self.view.serving()),
         }
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.closing:
+            send = _closing_connection(send)
         path: str = scope["path"]
         if path == "/healthz":
             await _respond(send, 200, json.dumps({"status": "alive"}).encode())
@@ -217,7 +233,8 @@ class Router:
             # Degraded (Redis down) is still ready: cached sessions and stateless
             # traffic keep flowing. Not ready only when no replica serves.
             status = self.status()
-            await _respond(send, 200 if status["serving"] else 503, json.dumps(status).encode())
+            ready = status["serving"] and not self.closing
+            await _respond(send, 200 if ready else 503, json.dumps(status).encode())
             return
         if path == "/metrics":
             body = self.metrics.render()
@@ -411,20 +428,75 @@ def _outcome(result: int | Failure) -> Outcome | Failure:
     return Outcome.CLIENT_ERROR if result < 500 else Outcome.UPSTREAM_ERROR
 
 
-def run_router(config: RouterConfig) -> None:
-    import uvicorn
+_CLOSE = (b"connection", b"close")
 
+
+def _closing_connection(send: Send) -> Send:
+    """``send`` with ``Connection: close`` added to the response's headers (uvicorn
+    then closes the connection once the response is complete)."""
+
+    async def closing(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+            message = {**message, "headers": [*headers, _CLOSE]}
+        await send(message)
+
+    return closing
+
+
+class ClosingServer(uvicorn.Server):
+    """uvicorn, but SIGTERM first closes keep-alive connections for ``drain_linger``
+    seconds (the router's ``closing``), then shuts down; a second signal or SIGINT
+    exits at once."""
+
+    def __init__(self, config: uvicorn.Config, router: Router) -> None:
+        super().__init__(config)
+        self.router = router
+        self._linger: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[Any] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        linger = self.router.config.drain_linger
+        if sig == signal.SIGTERM and self._linger is None and self._loop and linger > 0:
+            self._loop.call_soon_threadsafe(self._start_closing, linger)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_closing(self, linger: float) -> None:
+        if self._linger is not None:
+            return
+        self.router.closing = True
+        log.info("SIGTERM: closing client connections for %.1fs, then shutting down", linger)
+        assert self._loop is not None
+        self._linger = self._loop.call_later(linger, self._shut_down)
+
+    def _shut_down(self) -> None:
+        self.should_exit = True
+
+
+def router_server(config: RouterConfig) -> ClosingServer:
     from mcpfleet.server.router.http import bounded_protocol
 
+    router = Router(config)
+    uv_config = uvicorn.Config(
+        router,
+        host=config.host,
+        port=config.port,
+        http=bounded_protocol(config.header_timeout, config.max_connections),
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=config.graceful_timeout,
+    )
+    return ClosingServer(uv_config, router)
+
+
+def run_router(config: RouterConfig) -> None:
+    server = router_server(config)
     # uvicorn re-raises the SIGINT it handled; by then we are done.
     with contextlib.suppress(KeyboardInterrupt):
-        uvicorn.run(
-            Router(config),
-            host=config.host,
-            port=config.port,
-            http=bounded_protocol(config.header_timeout, config.max_connections),
-            log_level="warning",
-            lifespan="on",
-            access_log=False,
-            timeout_graceful_shutdown=config.graceful_timeout,
-        )
+        server.run()

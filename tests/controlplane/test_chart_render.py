@@ -758,6 +758,7 @@ def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path)
     values = {
         "router": {
             "preStopSeconds": 4,
+            "drainLinger": 3,
             "gracefulTimeout": 25,
             "strategy": {
                 "type": "RollingUpdate",
@@ -774,7 +775,7 @@ def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path)
     spec = router["spec"]["template"]["spec"]
     container = _container(spec, "router")
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "4"]
-    assert spec["terminationGracePeriodSeconds"] == 4 + 25 + 5
+    assert spec["terminationGracePeriodSeconds"] == 4 + 3 + 25 + 5
     assert spec["priorityClassName"] == "fleet-critical"
     assert router["spec"]["strategy"] == values["router"]["strategy"]
     assert router["spec"]["template"]["metadata"]["labels"]["team"] == "mcp"
@@ -783,11 +784,12 @@ def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path)
     assert (live["periodSeconds"], live["timeoutSeconds"], live["failureThreshold"]) == (7, 2, 4)
     # The rendered arguments are ones `mcpfleet router` takes, with the timeout.
     args = build_parser().parse_args(container["args"])
-    assert args.graceful_timeout == 25
+    assert args.graceful_timeout == 25 and args.drain_linger == 3
     default = _by(chartkit.objects(chartkit.render(helm)), "Deployment", "-router")
     default_spec = default["spec"]["template"]["spec"]
-    assert default_spec["terminationGracePeriodSeconds"] == 2 + 10 + 5
-    assert "--graceful-timeout=10" in _container(default_spec, "router")["args"]
+    assert default_spec["terminationGracePeriodSeconds"] == 2 + 2 + 10 + 5
+    default_args = _container(default_spec, "router")["args"]
+    assert "--graceful-timeout=10" in default_args and "--drain-linger=2" in default_args
 
 
 def test_the_routers_scale_with_an_hpa_and_then_have_no_replica_count(
@@ -1015,3 +1017,47 @@ tests:
         check=False,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_numbers_and_booleans_given_with_set_render_as_strings_in_labels_and_annotations(
+    helm: Helm, schemas: Path
+) -> None:
+    """``--set server.podAnnotations.revision=2`` gives helm the number 2, which the API
+    refuses in an annotation or a label: the chart renders every such value as a string."""
+    settings = [
+        "server.podAnnotations.revision=2",
+        "server.podLabels.tier=1",
+        "router.podAnnotations.ratio=0.5",
+        "router.podLabels.canary=true",
+        "router.service.annotations.weight=10",
+        "operator.podAnnotations.generation=7",
+        "redis.podAnnotations.backup=false",
+        "server.serviceAccount.create=true",
+        "server.serviceAccount.annotations.id=12345",
+        "commonLabels.cost=42",
+    ]
+    manifest = chartkit.render(
+        helm,
+        *(a for s in settings for a in ("--set", s)),
+        "--api-versions",
+        chartkit.MONITORING_API,
+    )
+    assert chartkit.kubeconform(manifest, schemas) == []
+    seen = set()
+    for doc in chartkit.objects(manifest):
+        metas = [doc.get("metadata", {})]
+        template = doc.get("spec", {}).get("template", {})
+        if isinstance(template, dict) and "metadata" in template:
+            metas.append(template["metadata"])
+        for meta in metas:
+            for field in ("labels", "annotations"):
+                for key, value in (meta.get(field) or {}).items():
+                    assert isinstance(value, str), f"{doc['kind']} {field} {key}: {value!r}"
+                    seen.add((key, value))
+    for pair in [("revision", "2"), ("tier", "1"), ("ratio", "0.5"), ("canary", "true"),
+                 ("weight", "10"), ("generation", "7"), ("backup", "false"), ("id", "12345"),
+                 ("cost", "42")]:  # fmt: skip
+        assert pair in seen, pair
+    # A map where a value belongs is refused by the schema, naming the field.
+    with pytest.raises(HelmError, match="podAnnotations"):
+        chartkit.render(helm, "--set", "server.podAnnotations.team.name=x")

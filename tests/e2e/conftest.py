@@ -1,33 +1,84 @@
 """The end-to-end tier: the chart installed with helm on a real cluster.
 
 The provider (``--cluster-provider``, or ``$MCPFLEET_E2E_PROVIDER``; default
-``local``) says where: ``local`` is this machine's node (root), ``kind`` a
-kind cluster (Docker). A provider that cannot run here skips the tier with
-its reason; with ``CI=true`` the ``local`` provider fails instead (the CI
-machines run it as root), while ``kind`` still skips where no Docker engine
-answers (GitHub Actions runs it, see .github/workflows/).
+``local``, and ``make test`` says ``kind``) says where: ``local`` is this
+machine's node (root), one per module; ``kind`` a kind cluster of three nodes
+(Docker, or podman as root), one for the whole session: making one costs
+minutes. A provider that cannot run here skips the tier with its reason; with
+``CI=true`` it fails instead (the CI machines run both).
+
+The modules that take a node away (``TAKES_A_NODE_AWAY = True``) run last, so
+the others always see every node.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from fleetkit.chartfleet import ChartFleet
 from fleetkit.providers import Cluster, cluster, unavailable
 
+HERE = Path(__file__).resolve().parent
 
-@pytest.fixture(scope="module")
-def e2e_cluster(
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This tier's modules that take a node away go after its others."""
+    ours = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == HERE]
+    if not ours or ours[-1] + 1 - ours[0] != len(ours):
+        return  # not collected as one block: leave the order alone
+
+    def last(item: pytest.Item) -> bool:
+        return bool(getattr(getattr(item, "module", None), "TAKES_A_NODE_AWAY", False))
+
+    lo, hi = ours[0], ours[-1] + 1
+    items[lo:hi] = sorted(items[lo:hi], key=last)  # stable within each group
+
+
+def _started(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     provider = request.config.getoption("--cluster-provider")
     reason = unavailable(provider)
     if reason:
         message = f"cluster provider {provider} cannot run here: {reason}"
-        if provider == "local" and os.environ.get("CI") == "true":
+        if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {message}", pytrace=False)
         pytest.skip(message)
-    with cluster(provider, tmp_path_factory.mktemp(f"e2e-{provider}")) as started:
+    workdir: Path = tmp_path_factory.mktemp(f"e2e-{provider}")
+    with cluster(provider, workdir) as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def _kind_session(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    yield from _started(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def e2e_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    if request.config.getoption("--cluster-provider") == "kind":
+        yield request.getfixturevalue("_kind_session")
+        return
+    yield from _started(request, tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed test prints what its releases' pods and the cluster's nodes say."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.failed:
+        return
+    fleets = [f for f in request.node.funcargs.values() if isinstance(f, ChartFleet)]
+    for fleet in fleets:
+        print(fleet.diagnostics())
+    if fleets:
+        print(fleets[0].cluster.diagnostics())

@@ -42,15 +42,6 @@ def release(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> I
         fleet.uninstall()
 
 
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    report = getattr(request.node, "rep_call", None)
-    fleet = request.node.funcargs.get("release")
-    if report is not None and report.failed and isinstance(fleet, ChartFleet):
-        print(fleet.diagnostics())
-
-
 def test_install_with_default_values_makes_every_pod_ready(release: ChartFleet) -> None:
     release.install()
     pods = release.core.list_namespaced_pod(NAMESPACE).items
@@ -114,22 +105,14 @@ async def test_helm_upgrade_rolls_the_replicas_with_no_failed_round(release: Cha
     assert len(new) == 3
 
 
-# Known open bug (issue 19): a client's pooled keep-alive connection to a router that
-# is shutting down can be closed under a request it just sent (uvicorn closes idle
-# connections at shutdown; the router cannot yet tell clients to stop reusing them
-# during preStop). One fresh-clone run of two saw one modern round fail this way
-# (`ReadError`); the sessions were never lost. Not strict: it still runs, and passes
-# most of the time.
-@pytest.mark.xfail(
-    strict=False,
-    reason="router shutdown: a keep-alive request can race the connection's close (issue 19)",
-)
 async def test_helm_upgrade_rolls_the_routers_and_loses_no_round_and_no_session(
     release: ChartFleet,
 ) -> None:
     """The routers roll (a changed pod template) under modern and handshake traffic: no
     modern round fails, and every handshake session opened before answers after it
-    (a held SSE stream may be cut by its router's shutdown; the session must not be)."""
+    (a held SSE stream may be cut by its router's shutdown; the session must not be).
+    The modern users keep their connections alive: a router going away closes each
+    after an answer (router.drainLinger), never under a request just sent."""
     old = {p.metadata.name for p in release.pods("router")}
     stop = asyncio.Event()
     done: list[str] = []

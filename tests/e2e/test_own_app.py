@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from fleetkit import jwtkit, scenarios
 from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.chartkit import CHART, OWN_APP_VALUES
 from fleetkit.controlplane import repo_root, tools_bin_dir, wait_for
-from fleetkit.providers import LOCAL_ROUTER_IPS, Cluster, local_router_values
+from fleetkit.providers import Cluster
 from mcpfleet.server.dev.demo import Era, Trace, connect
 from mcpfleet.server.selftest import selftest
 
@@ -66,15 +67,6 @@ def shop(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         fleet.uninstall()
 
 
-@pytest.fixture(autouse=True)
-def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    report = getattr(request.node, "rep_call", None)
-    fleet = request.node.funcargs.get("shop")
-    if report is not None and report.failed and isinstance(fleet, ChartFleet):
-        print(fleet.diagnostics())
-
-
 def _bearer(token: str) -> Any:
     async def hook(request: Any) -> None:
         request.headers["authorization"] = f"Bearer {token}"
@@ -91,9 +83,11 @@ def test_the_app_image_builds_on_the_mcpfleet_image_and_the_node_takes_it(
     built = _run("bash", "deploy/own-app/build.sh", IMAGE)
     assert built.splitlines()[-1] == IMAGE
     if e2e_cluster.provider == "kind":
-        _run("kind", "load", "docker-image", IMAGE, "--name", "mcpfleet-e2e")
-        return
-    loaded = _run("make", "--no-print-directory", "node-load", f"IMAGE={IMAGE}")
+        cluster = os.environ.get("MCPFLEET_KIND_CLUSTER", "mcpfleet-e2e")
+        load = ["kind-load", f"IMAGE={IMAGE}", f"KIND_CLUSTER={cluster}"]
+    else:
+        load = ["node-load", f"IMAGE={IMAGE}"]
+    loaded = _run("make", "--no-print-directory", *load)
     assert loaded.splitlines()[-1] == f"loaded: {IMAGE}"
 
 
@@ -200,8 +194,7 @@ def second(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
         "router": {"replicas": 1},
         "redis": {"auth": {"existingSecret": "mcp-redis-users"}},
     }
-    if e2e_cluster.provider == "local":  # its own fixed ClusterIP, beside the first's
-        values["router"] |= local_router_values(LOCAL_ROUTER_IPS[1])
+    values["router"] |= e2e_cluster.router_values(1)  # its own fixed ClusterIP
     fleet = ChartFleet(
         e2e_cluster,
         NAMESPACE,

@@ -107,6 +107,7 @@ def test_health_endpoints(small_fleet: LocalFleet) -> None:
         assert ready.status_code == 200 and ready.headers["x-mcpfleet-replica"] == member.name
     status = httpx.get(small_fleet.url.replace("/mcp", "/readyz"), timeout=2).json()
     assert status == {
+        "closing": False,
         "degraded": False,
         "serving": 3,
         "replicas": {n: "serving" for n in small_fleet.members},

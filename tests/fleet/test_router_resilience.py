@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ import redis
 
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.traffic import Traffic
-from fleetkit.wire import accept, initialize_body, modern_call
+from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
 from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
 from mcpfleet.server.dev.demo import Trace, connect, default_answer
 from mcpfleet.server.dev.fleet import LocalFleet
@@ -101,6 +103,60 @@ async def test_owner_killed_mid_elicitation_gives_404_fast_then_a_new_session_co
     assert 'mcpfleet_router_owner_gone_total{reason="refused"}' in metrics
     assert 'mcpfleet_router_requests_total{outcome="owner_gone",route="sticky"}' in metrics
     print(f"owner death to first 404: {first_404 * 1000:.0f} ms")
+
+
+def _round_on(conn: http.client.HTTPConnection, port: int) -> http.client.HTTPResponse:
+    """A modern round's first call on ``conn`` (one TCP connection, kept alive), read whole."""
+    params = {"name": "book_flight", "arguments": {"destination": "Oslo"}, "_meta": MODERN_META}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    modern = {"mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "book_flight"}
+    conn.request(
+        "POST", "/mcp", body=body, headers={**HEADERS, **modern, "host": f"127.0.0.1:{port}"}
+    )
+    resp = conn.getresponse()
+    resp.read()
+    return resp
+
+
+def test_sigterm_closes_each_keepalive_connection_after_an_answer_then_the_router_exits(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM: for --drain-linger seconds the router still answers, each answer with
+    Connection: close (the client's next request goes out on a new connection, to a
+    router that stays), /readyz says 503; then it shuts down and exits 0."""
+    linger = 3.0
+    options = FleetOptions(routers=2, router_args=("--drain-linger", str(linger)))
+    with local_fleet(tmp_path, options) as lf:
+        port = lf.router_ports[0]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            first = _round_on(conn, port)
+            assert first.status == 200 and first.getheader("connection") is None
+            kept = conn.sock
+            assert kept is not None, "the connection is kept alive before SIGTERM"
+            assert _round_on(conn, port).status == 200 and conn.sock is kept
+            signal_at = time.monotonic()
+            lf.router_procs[0].signal(signal.SIGTERM)
+            wait_for(
+                lambda: httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 503,
+                timeout=linger,
+                what="router-0's /readyz to say 503 once SIGTERMed",
+            )
+            ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).json()
+            assert ready["closing"] is True
+            # The same connection, still open: answered, then closed by the router.
+            assert conn.sock is kept
+            answer = _round_on(conn, port)
+            assert time.monotonic() - signal_at < linger, "answered within the linger"
+            assert answer.status == 200 and answer.getheader("connection") == "close"
+            assert conn.sock is None, "http.client closes a connection answered with close"
+        finally:
+            conn.close()
+        # The other router serves on; router-0 exits by itself, after the linger.
+        assert modern_call(lf.router_url(1), "book_flight", {"destination": "Oslo"}).status == 200
+        code = lf.router_procs[0].wait(linger + 10)
+        assert code == 0, f"router-0 exited with {code}:\n{lf.router_procs[0].tail()}"
+        assert time.monotonic() - signal_at >= linger
 
 
 async def test_a_session_alternating_between_two_routers_completes(

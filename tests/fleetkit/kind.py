@@ -20,13 +20,20 @@ allows; no ``/lib/modules`` on the host, which kind always mounts read-only
 ("statfs /lib/modules: no such file or directory"); cgroup v1/v2 hybrid,
 handled by the node image and the kubeadm patches of ``cluster.yaml``.
 
+The host reaches the cluster's Services at their ClusterIPs, as it does on
+the local node: :func:`up` routes ``deploy/kind/cluster.yaml``'s Service range
+through the control-plane node, whose kube-proxy forwards (and masquerades) to
+the pods on any node; :func:`down` removes the route.
+
     python -m fleetkit.kind up [--name NAME]     # prints export KUBECONFIG=<path>
+    python -m fleetkit.kind load IMAGE [--name NAME]   # prints loaded: IMAGE
     python -m fleetkit.kind down [--name NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import shutil
 import subprocess
@@ -34,6 +41,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from fleetkit import node_host
 from fleetkit.controlplane import repo_root, tools_bin_dir
@@ -46,6 +55,15 @@ NODE_IMAGE_SCRIPT = repo_root() / "hack" / "kind" / "node-image.sh"
 IMAGE_LINE = "kind node image: "
 #: kind mounts this from the host into every node, read-only, and fails without it.
 LIB_MODULES = Path("/lib/modules")
+
+
+def service_subnet(config: Path = CONFIG) -> str:
+    """The cluster's Service range, as ``deploy/kind/cluster.yaml`` sets it."""
+    doc = yaml.safe_load(config.read_text())
+    subnet = str((doc.get("networking") or {}).get("serviceSubnet", ""))
+    if not subnet:
+        raise RuntimeError(f"{config} sets no networking.serviceSubnet (the host routes it)")
+    return str(ipaddress.ip_network(subnet))
 
 
 def state_dir(name: str) -> Path:
@@ -137,6 +155,32 @@ class KindSetup:
     def node_names(self) -> list[str]:
         return [self.kind, "get", "nodes", "--name", self.name]
 
+    def save_image(self, image: str, archive: Path) -> list[str]:
+        """The image out of the engine's local storage, as a docker-archive."""
+        if self.engine == "podman":
+            return ["podman", "save", "--format", "docker-archive", "-o", str(archive), image]
+        return ["docker", "save", "-o", str(archive), image]
+
+    def node_ip(self, node: str) -> list[str]:
+        fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        return [self.engine, "inspect", "--format", fmt, node]
+
+    def control_plane(self) -> str:
+        return f"{self.name}-control-plane"
+
+    def stop_node(self, node: str) -> list[str]:
+        """The node's container stopped as a machine is shut down (SIGRTMIN+3 to its
+        systemd, SIGKILL after the engine's 10 s): the node is lost to the cluster."""
+        return [self.engine, "stop", node]
+
+
+def route_commands(subnet: str, via: str) -> tuple[list[str], list[str]]:
+    """The host route to the Service range through a node: (add, delete)."""
+    return (
+        ["ip", "route", "replace", subnet, "via", via],
+        ["ip", "route", "del", subnet, "via", via],
+    )
+
 
 def image_from_output(out: str) -> str:
     """The node image named by node-image.sh's last ``kind node image:`` line."""
@@ -212,6 +256,8 @@ def up(name: str = DEFAULT_NAME, archives: Sequence[Path] = ()) -> KindSetup:
     image = build_node_image()
     setup = _setup(name, image)
     if exists(setup):
+        if not _route_file(name).exists():
+            _route_services(setup)
         return setup
     state = state_dir(name)
     state.mkdir(parents=True, exist_ok=True)
@@ -225,11 +271,72 @@ def up(name: str = DEFAULT_NAME, archives: Sequence[Path] = ()) -> KindSetup:
         _run(setup, setup.create(), 900)
         for archive in archives:
             _run(setup, setup.load(archive), 900)
+        _route_services(setup)
     except BaseException:
         print(f"kind-up: creating {name} failed; cleaning up", file=sys.stderr)
         down(name)
         raise
     return setup
+
+
+def _route_file(name: str) -> Path:
+    return state_dir(name) / "service-route"
+
+
+def _route_services(setup: KindSetup) -> None:
+    """Route the Service range through the control-plane node (see the module doc)."""
+    subnet = service_subnet(setup.config)
+    held = subprocess.run(
+        ["ip", "route", "show", subnet], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if held:
+        raise RuntimeError(
+            f"the host already routes {subnet} ({held}): another kind cluster of ours? "
+            "make kind-down (or python -m fleetkit.kind down --name NAME) first"
+        )
+    via = _run(setup, setup.node_ip(setup.control_plane()), 60, merge=False).strip()
+    ipaddress.ip_address(via)  # a clear error rather than a bad route
+    add, _ = route_commands(subnet, via)
+    subprocess.run(add, check=True, capture_output=True, timeout=30)
+    _route_file(setup.name).write_text(f"{subnet} {via}\n")
+
+
+def _unroute_services(name: str) -> list[str]:
+    path = _route_file(name)
+    if not path.exists():
+        return []
+    subnet, via = path.read_text().split()
+    _, delete = route_commands(subnet, via)
+    done = subprocess.run(delete, capture_output=True, text=True, timeout=30, check=False)
+    gone = not subprocess.run(
+        ["ip", "route", "show", subnet], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return [] if gone else [f"route {subnet} via {via}: {done.stderr.strip()}"]
+
+
+def stop_node(name: str, node: str) -> None:
+    """Stop one node of cluster ``name`` (its container; ``down`` still deletes it)."""
+    setup = _setup(name)
+    if node not in _run(setup, setup.node_names(), 60, merge=False).split():
+        raise RuntimeError(f"kind cluster {name} has no node {node}")
+    _run(setup, setup.stop_node(node), 120)
+
+
+def load_image(name: str, image: str) -> None:
+    """An image of the engine's local storage (buildah/podman's here) into every node.
+
+    Saved with the engine, then ``kind load image-archive``: ``kind load
+    docker-image`` asks the ``docker`` command, which finds no daemon here.
+    """
+    import tempfile
+
+    setup = _setup(name)
+    if not exists(setup):
+        raise RuntimeError(f"no kind cluster {name}: make kind-up first")
+    with tempfile.TemporaryDirectory(prefix="kind-load-") as tmp:
+        archive = Path(tmp) / "image.tar"
+        _run(setup, setup.save_image(image, archive), 900)
+        _run(setup, setup.load(archive), 900)
 
 
 def _engine_rm(setup: KindSetup, *argv: str) -> None:
@@ -246,13 +353,13 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
     """Delete the cluster and put the machine back; returns what could not be undone."""
     setup = _setup(name)
     state = state_dir(name)
+    failed: list[str] = _unroute_services(name)
     _run(setup, setup.delete(), 300, check=False)
     # kind leaves its network behind; this one is only ours, and the host is
     # put back when the last of our clusters (those with a state dir) is gone.
     listed = _run(setup, setup.get_clusters(), 60, check=False, merge=False).split()
     others = [c for c in listed if c != name]
     ours_left = [c for c in others if (state.parent / c / "host.json").exists()]
-    failed: list[str] = []
     if not ours_left:
         _engine_rm(setup, "network", "rm", "-f", NETWORK)
         before_file = state / "host.json"
@@ -293,7 +400,8 @@ def diagnostics(name: str = DEFAULT_NAME, lines: int = 20) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fleetkit.kind", description=__doc__)
-    parser.add_argument("command", choices=["up", "down"])
+    parser.add_argument("command", choices=["up", "load", "down"])
+    parser.add_argument("image", nargs="?", help="load: the image, e.g. localhost/myapp:1")
     parser.add_argument("--name", default=DEFAULT_NAME)
     parser.add_argument(
         "--no-images", action="store_true", help="do not kind-load the project's images"
@@ -311,6 +419,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
         setup = up(args.name, archives)
         print(f"export KUBECONFIG={setup.kubeconfig}")
+        return 0
+    if args.command == "load":
+        if not args.image:
+            parser.error("load needs the image, e.g. localhost/myapp:1")
+        load_image(args.name, args.image)
+        print(f"loaded: {args.image}")
         return 0
     failed = down(args.name)
     for line in failed:

@@ -8,11 +8,14 @@
   one control plane, two workers) on the node image made here
   (:mod:`fleetkit.kind`, ``make kind-up``), with a Docker engine where one
   answers, else podman; the same archives go in with ``kind load
-  image-archive``, and the host reaches Services through ``kubectl port-forward``.
+  image-archive``, and the host reaches Services at their ClusterIPs too (a
+  route to the Service range through the control-plane node). One cluster
+  serves the whole session (:func:`kind_cluster`): making one costs minutes.
 
 Both hand the tests a :class:`Cluster`: a kubeconfig, chart values that point
-at the local images, and :meth:`Cluster.reach` for a Service's address from
-this machine. Command lines are built by pure functions, unit-tested where
+at the local images, :meth:`Cluster.reach` for a Service's address from this
+machine, and :meth:`Cluster.router_values` (a release's router at a fixed
+ClusterIP the tests name as its Host). Command lines are built by pure functions, unit-tested where
 the provider cannot run.
 """
 
@@ -20,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import free_port, repo_root, tools_bin_dir, wait_for
+from fleetkit.controlplane import repo_root
 
 PROVIDERS = ("local", "kind")
 KIND_CONFIG = repo_root() / "deploy" / "kind" / "cluster.yaml"
@@ -39,6 +40,9 @@ KIND_CONFIG = repo_root() / "deploy" / "kind" / "cluster.yaml"
 LOCAL_ROUTER_IP = "10.217.128.12"
 #: More of that band, one per further release installed beside the first.
 LOCAL_ROUTER_IPS = (LOCAL_ROUTER_IP, "10.217.128.13", "10.217.128.14")
+#: The same in kind's Service range (10.96.0.0/16: its static band is the first
+#: 256 addresses; 10.96.0.1 is the API server's, 10.96.0.10 the DNS').
+KIND_ROUTER_IPS = ("10.96.0.12", "10.96.0.13", "10.96.0.14")
 
 
 @dataclass
@@ -53,7 +57,15 @@ class Cluster:
     reach: Callable[[str, str, int], tuple[str, int]]
     #: Called to explain a failure (node logs).
     diagnostics: Callable[[], str] = lambda: ""
+    #: Fixed router ClusterIPs, one per release (the first is in ``values``).
+    router_ips: tuple[str, ...] = LOCAL_ROUTER_IPS
+    #: Takes a node away as a lost machine would (None: this provider cannot).
+    stop_node: Callable[[str], None] | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def router_values(self, index: int) -> dict[str, Any]:
+        """The router values of the ``index``-th release installed side by side."""
+        return local_router_values(self.router_ips[index])
 
 
 def unavailable(provider: str) -> str | None:
@@ -83,10 +95,6 @@ def local_cluster(workdir: Path) -> Iterator[Cluster]:
         api = node.api_client()
         core = k8s.CoreV1Api(api)
 
-        def reach(namespace: str, service: str, port: int) -> tuple[str, int]:
-            svc = core.read_namespaced_service(service, namespace)
-            return str(svc.spec.cluster_ip), port
-
         values = node.images.helm_values()
         values["router"] = local_router_values(LOCAL_ROUTER_IP)
         try:
@@ -95,11 +103,22 @@ def local_cluster(workdir: Path) -> Iterator[Cluster]:
                 kubeconfig=node.admin_kubeconfig,
                 api=api,
                 values=values,
-                reach=reach,
+                reach=cluster_ip_reach(core),
                 diagnostics=lambda: node.log_tail(20),
+                router_ips=LOCAL_ROUTER_IPS,
             )
         finally:
             api.close()
+
+
+def cluster_ip_reach(core: k8s.CoreV1Api) -> Callable[[str, str, int], tuple[str, int]]:
+    """A Service's ClusterIP and port: the host routes to the Service range."""
+
+    def reach(namespace: str, service: str, port: int) -> tuple[str, int]:
+        svc = core.read_namespaced_service(service, namespace)
+        return str(svc.spec.cluster_ip), port
+
+    return reach
 
 
 def local_router_values(ip: str) -> dict[str, Any]:
@@ -111,70 +130,18 @@ def local_router_values(ip: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- kind
 
 
-@dataclass(frozen=True)
-class KindCommands:
-    """The command lines of the kind provider (pure: unit-tested without Docker)."""
-
-    name: str
-    kubeconfig: Path
-    config: Path = KIND_CONFIG
-    kind: str = "kind"
-    kubectl: str = "kubectl"
-
-    def create(self) -> list[str]:
-        return [
-            self.kind,
-            "create",
-            "cluster",
-            "--name",
-            self.name,
-            "--config",
-            str(self.config),
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--wait",
-            "120s",
-        ]
-
-    def load(self, archive: Path) -> list[str]:
-        return [self.kind, "load", "image-archive", str(archive), "--name", self.name]
-
-    def delete(self) -> list[str]:
-        return [
-            self.kind,
-            "delete",
-            "cluster",
-            "--name",
-            self.name,
-            "--kubeconfig",
-            str(self.kubeconfig),
-        ]
-
-    def port_forward(self, namespace: str, service: str, port: int, local: int) -> list[str]:
-        return [
-            self.kubectl,
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--namespace",
-            namespace,
-            "port-forward",
-            "--address",
-            "127.0.0.1",
-            f"service/{service}",
-            f"{local}:{port}",
-        ]
-
-
 def kind_values(tag: str) -> dict[str, Any]:
-    """The images ``kind load`` put on the kind node (a local name is never pulled)."""
+    """The images ``kind load`` put on the kind nodes (a local name is never pulled)."""
     from fleetkit.node import Images
 
-    return Images(tag).helm_values()
+    values = Images(tag).helm_values()
+    values["router"] = local_router_values(KIND_ROUTER_IPS[0])
+    return values
 
 
 @contextlib.contextmanager
 def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
-    """A kind cluster with the images loaded; Services reached through port-forwards.
+    """A kind cluster with the images loaded; Services reached at their ClusterIPs.
 
     The cluster is ``$MCPFLEET_KIND_CLUSTER`` (default ``mcpfleet-e2e``): one
     ``make kind-up`` made (``mcpfleet``) is used as it is, and deleted after
@@ -184,7 +151,6 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
     from fleetkit.node import Images
 
     name = name or os.environ.get("MCPFLEET_KIND_CLUSTER", "mcpfleet-e2e")
-
     images = Images()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -192,61 +158,28 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
     except BaseException:
         kind.down(name)
         raise
-    kubectl = tools_bin_dir() / "kubectl"
-    cmds = KindCommands(
-        name=name,
-        kubeconfig=setup.kubeconfig,
-        kubectl=str(kubectl) if kubectl.exists() else "kubectl",
-    )
-    forwards: list[subprocess.Popen[bytes]] = []
     try:
         from kubernetes import config as k8s_config
 
-        api = k8s_config.new_client_from_config(config_file=str(cmds.kubeconfig))
-        known: dict[tuple[str, str, int], tuple[int, subprocess.Popen[bytes]]] = {}
-
-        def reach(namespace: str, service: str, port: int) -> tuple[str, int]:
-            key = (namespace, service, port)
-            # A port-forward follows one pod: when that pod is gone (a reinstall,
-            # a rescheduled replica) kubectl exits, and a new one is started.
-            if key in known and known[key][1].poll() is not None:
-                del known[key]
-            if key not in known:
-                local = free_port()
-                proc = subprocess.Popen(
-                    cmds.port_forward(namespace, service, port, local),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                forwards.append(proc)
-                wait_for(lambda: _connects(local), timeout=60, what=f"port-forward to {service}")
-                known[key] = (local, proc)
-            return "127.0.0.1", known[key][0]
-
-        yield Cluster(
-            provider="kind",
-            kubeconfig=cmds.kubeconfig,
-            api=api,
-            values=kind_values(images.tag),
-            reach=reach,
-            diagnostics=lambda: kind.diagnostics(name),
-        )
-        api.close()
+        api = k8s_config.new_client_from_config(config_file=str(setup.kubeconfig))
+        try:
+            yield Cluster(
+                provider="kind",
+                kubeconfig=setup.kubeconfig,
+                api=api,
+                values=kind_values(images.tag),
+                reach=cluster_ip_reach(k8s.CoreV1Api(api)),
+                diagnostics=lambda: kind.diagnostics(name),
+                router_ips=KIND_ROUTER_IPS,
+                stop_node=lambda node: kind.stop_node(name, node),
+            )
+        finally:
+            api.close()
     finally:
-        for proc in forwards:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
         if os.environ.get("MCPFLEET_KIND_KEEP") != "1":
             left = kind.down(name)
             if left:
                 raise RuntimeError(f"kind cluster {name} left behind: {left}")
-
-
-def _connects(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @contextlib.contextmanager

@@ -2,33 +2,53 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
+import pytest
 import yaml
 
-from fleetkit.kind import kind_binary
-from fleetkit.providers import KIND_CONFIG, KindCommands, kind_values, unavailable
+from fleetkit.kind import KindSetup, kind_binary, route_commands, service_subnet
+from fleetkit.providers import (
+    KIND_CONFIG,
+    KIND_ROUTER_IPS,
+    LOCAL_ROUTER_IPS,
+    Cluster,
+    kind_values,
+    unavailable,
+)
 
 
-def test_kind_commands_create_load_and_delete_one_named_cluster(tmp_path: Path) -> None:
-    cmds = KindCommands(name="e2e", kubeconfig=tmp_path / "kubeconfig")
-    assert cmds.create() == [
-        "kind", "create", "cluster", "--name", "e2e", "--config", str(KIND_CONFIG),
-        "--kubeconfig", str(tmp_path / "kubeconfig"), "--wait", "120s",
+def test_the_host_routes_the_kind_service_range_through_the_control_plane() -> None:
+    subnet = service_subnet(KIND_CONFIG)
+    assert subnet == "10.96.0.0/16"
+    add, delete = route_commands(subnet, "10.89.0.2")
+    assert add == ["ip", "route", "replace", "10.96.0.0/16", "via", "10.89.0.2"]
+    assert delete == ["ip", "route", "del", "10.96.0.0/16", "via", "10.89.0.2"]
+    # The fixed router addresses are in that range, in its static band.
+    network = ipaddress.ip_network(subnet)
+    assert all(ipaddress.ip_address(ip) in network for ip in KIND_ROUTER_IPS)
+    assert all(int(ipaddress.ip_address(ip)) - int(network[0]) < 256 for ip in KIND_ROUTER_IPS)
+
+
+def test_a_config_without_a_service_range_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\n")
+    with pytest.raises(RuntimeError, match=r"networking\.serviceSubnet"):
+        service_subnet(bad)
+
+
+def test_kind_load_and_the_node_address_go_through_the_engine(tmp_path: Path) -> None:
+    setup = KindSetup(name="e2e", engine="podman", image="i", kubeconfig=tmp_path / "k")
+    archive = tmp_path / "image.tar"
+    assert setup.save_image("localhost/ownapp:1", archive) == [
+        "podman", "save", "--format", "docker-archive", "-o", str(archive), "localhost/ownapp:1",
     ]  # fmt: skip
-    archive = tmp_path / "mcpfleet-0.1.0.tar"
-    assert cmds.load(archive) == ["kind", "load", "image-archive", str(archive), "--name", "e2e"]
-    assert cmds.delete()[:5] == ["kind", "delete", "cluster", "--name", "e2e"]
-    assert "--kubeconfig" in cmds.delete(), "never the user's default kubeconfig"
-
-
-def test_kind_port_forward_binds_loopback_to_the_service(tmp_path: Path) -> None:
-    cmds = KindCommands(name="e2e", kubeconfig=tmp_path / "k", kubectl="/bin/kubectl")
-    line = cmds.port_forward("ns", "mcpfleet-router", 80, 41234)
-    assert line[0] == "/bin/kubectl"
-    assert line[line.index("--kubeconfig") + 1] == str(tmp_path / "k")
-    assert line[line.index("--namespace") + 1] == "ns"
-    assert line[-3:] == ["127.0.0.1", "service/mcpfleet-router", "41234:80"]
+    docker = KindSetup(name="e2e", engine="docker", image="i", kubeconfig=tmp_path / "k")
+    assert docker.save_image("x:1", archive) == ["docker", "save", "-o", str(archive), "x:1"]
+    assert setup.node_ip(setup.control_plane())[0] == "podman"
+    assert setup.node_ip(setup.control_plane())[-1] == "e2e-control-plane"
+    assert setup.stop_node("e2e-worker") == ["podman", "stop", "e2e-worker"]
 
 
 def test_kind_config_is_a_kind_cluster_with_workers() -> None:
@@ -47,6 +67,22 @@ def test_kind_values_point_the_chart_at_the_loaded_images() -> None:
         "pullPolicy": "Never",
     }
     assert values["redis"]["image"]["repository"] == "localhost/mcpfleet-redis"
+    assert values["router"]["service"] == {"clusterIP": KIND_ROUTER_IPS[0]}
+    assert KIND_ROUTER_IPS[0] in values["router"]["allowedHosts"]
+
+
+def test_each_release_side_by_side_gets_its_own_router_address() -> None:
+    local = Cluster("local", Path("k"), None, {}, lambda n, s, p: ("", 0))  # type: ignore[arg-type]
+    kind = Cluster(
+        "kind",
+        Path("k"),
+        None,
+        {},
+        lambda n, s, p: ("", 0),
+        router_ips=KIND_ROUTER_IPS,  # type: ignore[arg-type]
+    )
+    assert local.router_values(1)["service"]["clusterIP"] == LOCAL_ROUTER_IPS[1]
+    assert kind.router_values(1)["service"]["clusterIP"] == KIND_ROUTER_IPS[1]
 
 
 def test_a_provider_that_cannot_run_says_why() -> None:

@@ -25,7 +25,7 @@ app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: mcpfleet
 {{ include "mcpfleet.selectorLabels" . }}
 {{- with .ctx.Values.commonLabels }}
-{{ toYaml . }}
+{{- include "mcpfleet.stringMap" . }}
 {{- end }}
 {{- end }}
 
@@ -285,5 +285,16 @@ securityContext:
 {{- end }}
 {{- range .Values.router.allowedOrigins }}
 - --allowed-origin={{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+A map of labels or annotations, every value a string: `--set
+server.podAnnotations.revision=2` gives the number 2, which the API refuses
+in an annotation (and a label); here it is rendered "2".
+*/}}
+{{- define "mcpfleet.stringMap" -}}
+{{- range $key, $value := . }}
+{{ $key | quote }}: {{ $value | toString | quote }}
 {{- end }}
 {{- end }}
