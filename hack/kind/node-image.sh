@@ -72,8 +72,8 @@ bash "$root/hack/tools/build.sh" "$bin" "${tools[@]}" kind >&2
 modver() { (cd "$root/hack/tools${2:+/$2}" && go list -m -f '{{.Version}}' "$1"); }
 k8s="$(modver k8s.io/kubernetes)"
 etcd="$(modver go.etcd.io/etcd/server/v3)"
-coredns="$(modver github.com/coredns/coredns coredns)"
-kube_router="$(modver github.com/cloudnativelabs/kube-router/v2 kube-router)"
+coredns="$(modver github.com/coredns/coredns)"
+kube_router="$(modver github.com/cloudnativelabs/kube-router/v2)"
 pause_tag=mcpfleet-1
 # kubeadm finds its images through deploy/kind/cluster.yaml: the tags there
 # must be the ones built here (a pin moved without it is an error, not a pull).
