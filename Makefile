@@ -121,9 +121,9 @@ test-node: venv deps tools node-deps image
 	$(PY) -m pytest tests -m node
 
 # The chart installed with helm on a real cluster: PROVIDER=local (this machine's
-# node, root) or PROVIDER=kind (Docker).
+# node, root) or PROVIDER=kind (podman as root, or Docker; the node image made here).
 PROVIDER ?= local
-test-e2e: venv deps tools $(if $(filter local,$(PROVIDER)),node-deps image)
+test-e2e: venv deps tools $(if $(filter local,$(PROVIDER)),node-deps image,image kind-image)
 	$(PY) -m pytest tests -m e2e --cluster-provider $(PROVIDER)
 
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.

@@ -137,6 +137,10 @@ class Record:
     result: dict[str, Any] | None = None
     #: ``failed``: the error ``finish`` raised; ``unkept``: why the result was not kept.
     message: str = ""
+    #: ``running``: a random token of the claiming round. A claim whose reply was
+    #: lost and which the Redis client sent again (redis-py retries a command on a
+    #: timeout) finds its own record: the token says it is its own, not another's.
+    claim: str = ""
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"s": self.state, "r": self.replica}
@@ -144,6 +148,8 @@ class Record:
             data["result"] = self.result
         if self.message:
             data["m"] = self.message
+        if self.claim:
+            data["c"] = self.claim
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -156,7 +162,13 @@ class Record:
             result = data.get("result")
             if result is not None and not isinstance(result, dict):
                 raise ValueError("result")
-            return cls(state, str(data.get("r", "")), result, str(data.get("m", "")))
+            return cls(
+                state,
+                str(data.get("r", "")),
+                result,
+                str(data.get("m", "")),
+                str(data.get("c", "")),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerUnavailable(f"unreadable ledger record: {exc}") from None
 
@@ -419,8 +431,9 @@ async def run_once(
         if b.observe is not None:
             b.observe(outcome)
 
+    mine = Record("running", b.replica, claim=secrets.token_urlsafe(12))
     try:
-        held = await b.ledger.claim(flow, Record("running", b.replica), b.ttl)
+        held = await b.ledger.claim(flow, mine, b.ttl)
     except LedgerUnavailable as exc:
         log.warning("once: flow not claimed, the ledger is unavailable: %s", exc)
         seen(OnceOutcome.UNAVAILABLE)
@@ -429,7 +442,7 @@ async def run_once(
             "nothing was done. Send the same request again.",
             OnceOutcome.UNAVAILABLE,
         ) from None
-    if held is not None:
+    if held is not None and held != mine:
         return await _replay(b, flow, held, seen, convert)
 
     seen(OnceOutcome.CLAIMED)

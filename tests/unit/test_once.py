@@ -18,9 +18,11 @@ from mcpfleet.server.once import (
     MemoryLedger,
     OnceOutcome,
     Record,
+    RedisLedger,
     install_ledger,
     new_flow_id,
     run_once,
+    settle,
     valid_flow_id,
 )
 
@@ -212,3 +214,45 @@ async def test_the_memory_ledger_expires_claims_and_refuses_when_full() -> None:
 def test_install_ledger_refuses_a_ttl_that_would_expire_claims_early() -> None:
     with pytest.raises(ValueError, match="token_ttl"):
         install_ledger(FastMCP("x"), MemoryLedger(), token_ttl=0)
+
+
+class RetriedReply:
+    """A Redis client whose first reply to each SET is lost and the command sent again,
+    as redis-py does on a timeout by default: the write lands, and the caller gets
+    the answer of the second execution (``SET NX GET`` then returns what the first wrote)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+        self.sets = 0
+
+    async def set(
+        self, key: str, value: str, nx: bool = False, get: bool = False, xx: bool = False,
+        px: int | None = None,
+    ) -> str | bool | None:  # fmt: skip
+        for _ in range(2):  # the lost reply, then the retry
+            self.sets += 1
+            old = self.data.get(key)
+            if (nx and old is None) or (xx and old is not None) or not (nx or xx):
+                self.data[key] = value
+        return old if get else True
+
+    async def get(self, key: str) -> str | None:
+        return self.data.get(key)
+
+
+async def test_a_claim_sent_again_after_a_lost_reply_is_still_the_claim() -> None:
+    """The retried ``SET NX GET`` finds the record its first execution wrote: that is
+    this round's own claim (its token), so finish runs, once, and a real replay later
+    still gets the stored result."""
+    client = RetriedReply()
+    app, seen = app_with(RedisLedger(client, RedisKeys("f")), wait=0.1)
+    runs: list[int] = []
+    flow = new_flow_id()
+    first = await run_once(app, flow, counting(runs), convert)
+    assert runs == [1] and first.meta is None
+    assert client.sets >= 2, "the claim was sent twice"
+    await settle()
+    replay = await run_once(app, flow, counting(runs, "other"), convert)
+    assert runs == [1]
+    assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
+    assert seen == [OnceOutcome.CLAIMED, OnceOutcome.REPLAYED]
