@@ -44,6 +44,14 @@ elif ! buildah inspect --type image "$mcpfleet" >/dev/null 2>&1; then
 fi
 read -r _ build_base < <(bash "$root/hack/image/base.sh")
 buildah_ca_mount
+# buildah (1.28) leaves a working container behind for a stage that only
+# COPY --from reads (here the mcpfleet stage): remove the ones this build made.
+before="$(buildah containers --quiet --notruncate | sort)"
+remove_new() {
+	comm -13 <(echo "$before") <(buildah containers --quiet --notruncate | sort) |
+		xargs -r buildah rm >/dev/null 2>&1 || true
+}
+trap remove_new EXIT
 buildah build --format docker --layers --network host --pull=never "${CA_MOUNT[@]}" \
 	--build-arg "MCPFLEET_IMAGE=$mcpfleet" --build-arg "BUILD_BASE=$build_base" \
 	-t "$image" -f "$here/Dockerfile" "$here" >&2
