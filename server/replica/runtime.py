@@ -26,11 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
-from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -55,6 +52,7 @@ from mcpfleet.server.replica.appload import install_codec, load_app
 from mcpfleet.server.replica.gate import GateState, ReplicaGate
 from mcpfleet.server.replica.metrics import ReplicaMetrics
 from mcpfleet.server.replica.middleware import PrometheusMiddleware
+from mcpfleet.server.sigterm import SigtermFirstServer
 
 log = logging.getLogger("mcpfleet.replica")
 
@@ -208,26 +206,15 @@ def install_rounds_middleware(app: Any, metrics: ReplicaMetrics) -> PrometheusMi
     return ours
 
 
-class _DrainingServer(uvicorn.Server):
+class _DrainingServer(SigtermFirstServer):
     """uvicorn, but SIGTERM drains first; a second signal or SIGINT exits at once."""
 
     def __init__(self, config: uvicorn.Config, replica: Replica) -> None:
         super().__init__(config)
         self.replica = replica
         self._drain_task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and self._drain_task is None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._start_drain)
-            return
-        super().handle_exit(sig, frame)
-
-    def _start_drain(self) -> None:
+    def on_sigterm(self) -> None:
         async def drain_then_exit() -> None:
             await self.replica.drain()
             self.should_exit = True

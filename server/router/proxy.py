@@ -38,9 +38,7 @@ import contextlib
 import enum
 import json
 import logging
-import signal
 import time
-from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -75,6 +73,7 @@ from mcpfleet.server.router.table import (
     SessionTable,
 )
 from mcpfleet.server.router.upstream import Dropped, Failure, Upstream, session_ended
+from mcpfleet.server.sigterm import SigtermFirstServer
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -444,7 +443,7 @@ def _closing_connection(send: Send) -> Send:
     return closing
 
 
-class ClosingServer(uvicorn.Server):
+class ClosingServer(SigtermFirstServer):
     """uvicorn, but SIGTERM first closes keep-alive connections for ``drain_linger``
     seconds (the router's ``closing``), then shuts down; a second signal or SIGINT
     exits at once."""
@@ -452,27 +451,15 @@ class ClosingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, router: Router) -> None:
         super().__init__(config)
         self.router = router
-        self._linger: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def serve(self, sockets: list[Any] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+    def takes_sigterm(self) -> bool:
+        return self.router.config.drain_linger > 0
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def on_sigterm(self) -> None:
         linger = self.router.config.drain_linger
-        if sig == signal.SIGTERM and self._linger is None and self._loop and linger > 0:
-            self._loop.call_soon_threadsafe(self._start_closing, linger)
-            return
-        super().handle_exit(sig, frame)
-
-    def _start_closing(self, linger: float) -> None:
-        if self._linger is not None:
-            return
         self.router.closing = True
         log.info("SIGTERM: closing client connections for %.1fs, then shutting down", linger)
-        assert self._loop is not None
-        self._linger = self._loop.call_later(linger, self._shut_down)
+        asyncio.get_running_loop().call_later(linger, self._shut_down)
 
     def _shut_down(self) -> None:
         self.should_exit = True
