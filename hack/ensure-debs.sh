@@ -8,10 +8,14 @@
 #          mmdebstrap to make the base from the machine's own apt mirror);
 #   node   what the node tier runs besides the built Kubernetes tools
 #          (containerd, runc, the CNI plugins, iptables, iproute2);
-#   kind   what a kind cluster needs where no Docker engine is installed
+#   kind   what a kind cluster needs where no Docker engine answers
 #          (podman with the CNI plugins its bridge networks use; mmdebstrap
 #          and buildah make the node image, hack/kind/).
+# A Docker engine is there when `docker info` succeeds (hack/lib/engine.sh),
+# never because a `docker` command is on the PATH.
 set -euo pipefail
+# shellcheck source=hack/lib/engine.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
@@ -44,11 +48,13 @@ for pkg in "$@"; do
       ;;
     kind)
       pkgs=()
-      command -v docker >/dev/null || command -v podman >/dev/null || pkgs+=(podman)
+      if ! docker_engine_answers; then
+        command -v podman >/dev/null || pkgs+=(podman)
+        # podman's CNI networks resolve container names (kind's nodes find the
+        # control plane by name) only with the dnsname plugin.
+        [ -x /usr/lib/cni/dnsname ] || pkgs+=(golang-github-containernetworking-plugin-dnsname)
+      fi
       [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
-      # podman's CNI networks resolve container names (kind's nodes find the
-      # control plane by name) only with the dnsname plugin.
-      command -v docker >/dev/null || [ -x /usr/lib/cni/dnsname ] || pkgs+=(golang-github-containernetworking-plugin-dnsname)
       command -v iptables >/dev/null || pkgs+=(iptables)
       command -v buildah >/dev/null || pkgs+=(buildah)
       command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)

@@ -1,12 +1,15 @@
 # Sourced by the image builds (hack/image/build.sh, deploy/own-app/build.sh):
 # which builder, and what a buildah build mounts.
 #
+# shellcheck source=hack/lib/engine.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/engine.sh"
+
 # image_builder: prints $IMAGE_BUILDER if set, else docker when a Docker engine
 # answers, else buildah.
 image_builder() {
 	if [[ -n "${IMAGE_BUILDER:-}" ]]; then
 		echo "$IMAGE_BUILDER"
-	elif command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+	elif docker_engine_answers; then
 		echo docker
 	else
 		echo buildah

@@ -255,7 +255,9 @@ for old in $(buildah images --noheading --format '{{.Name}}:{{.Tag}}' | grep '^l
 done
 rm -rf "$preload"
 # Where a Docker engine answers (kind's default provider), the image goes there too.
-if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+# shellcheck source=hack/lib/engine.sh
+source "$here/../lib/engine.sh"
+if docker_engine_answers; then
 	buildah push --quiet "$image" "docker-daemon:$image" >/dev/null
 fi
 log "made $image in $((SECONDS - start))s"
