@@ -42,10 +42,9 @@ LABEL org.opencontainers.image.title="mcpfleet" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/mcpfleet/mcpfleet"
 COPY --from=build /opt/mcpfleet /opt/mcpfleet
-# Never put the working directory on sys.path. The .pyc files were compiled in
-# the build stage (start-up imports fastmcp and mcp); none are written at run time.
+# The .pyc files were compiled in the build stage (start-up imports fastmcp and
+# mcp); none are written at run time.
 ENV PATH=/opt/mcpfleet/bin:${PATH} \
-    PYTHONSAFEPATH=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 # A numeric UID/GID with no entry in /etc/passwd: Kubernetes' runAsNonRoot can

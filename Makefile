@@ -1,9 +1,6 @@
 # mcpfleet: every target creates what it needs first, so `make run` and
 # `make test` work on a fresh machine.
 SHELL := /bin/bash
-# Never put the working directory on sys.path: the repo's operator/ folder
-# would shadow the standard library's operator module.
-export PYTHONSAFEPATH := 1
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -42,13 +39,9 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile deploy/own-app/Dockerfile
 
-# mypy reads the package through a symlink tree shaped like the installed one
-# (mcpfleet/server -> server/, mcpfleet/operator -> operator/).
+# mypy reads both source roots (mypy_path in pyproject.toml).
 typecheck: venv
-	mkdir -p $(CACHE)/typecheck/mcpfleet
-	ln -sfn ../../../server $(CACHE)/typecheck/mcpfleet/server
-	ln -sfn ../../../operator $(CACHE)/typecheck/mcpfleet/operator
-	cd $(CACHE)/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p mcpfleet.server -p mcpfleet.operator
+	$(VENV)/bin/mypy -p mcpfleet -p mcpfleet_operator
 
 # The node tier (tests/node) needs root, its Debian packages and the image; the
 # e2e tier runs on a kind cluster (E2E_PROVIDER=kind: three nodes on podman, the

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from mcpfleet.server.contract import DEFAULT_FLEET, LABEL_PREFIX, check_fleet_name
+from mcpfleet.contract import DEFAULT_FLEET, LABEL_PREFIX, check_fleet_name
 
 GROUP = "mcpfleet.dev"
 VERSION = "v1alpha1"

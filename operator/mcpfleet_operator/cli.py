@@ -1,6 +1,6 @@
 """``mcpfleet operator`` and ``mcpfleet rotate``: run the operator, request and follow rotations.
 
-``server/cli.py`` owns the ``mcpfleet`` command and delegates these two
+``server/mcpfleet/cli.py`` owns the ``mcpfleet`` command and delegates these two
 subcommands here (:func:`add_parsers`, :func:`run`). kopf and the Kubernetes
 client are imported only when one of them runs, so the replica and the router
 start without them.
@@ -18,9 +18,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
+from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
 
-log = logging.getLogger("mcpfleet.operator")
+log = logging.getLogger("mcpfleet_operator")
 
 #: Exit statuses of ``mcpfleet rotate --wait``.
 EXIT_FAILED = 1
@@ -39,7 +39,7 @@ def add_parsers(sub: Any) -> None:
         help="watch this namespace (repeat for more; default: $POD_NAMESPACE)",
     )
     where.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    from mcpfleet.server import redisconn
+    from mcpfleet import redisconn
 
     redisconn.add_flags(
         o,
@@ -141,9 +141,9 @@ def default_namespace() -> str:
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from mcpfleet.operator import handlers  # noqa: F401  (importing registers them with kopf)
-    from mcpfleet.operator.runtime import Runtime
-    from mcpfleet.server import redisconn
+    from mcpfleet import redisconn
+    from mcpfleet_operator import handlers  # noqa: F401  (importing registers them with kopf)
+    from mcpfleet_operator.runtime import Runtime
 
     source: redisconn.Source = "argument"
     if not args.redis:

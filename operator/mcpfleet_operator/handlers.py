@@ -1,4 +1,4 @@
-"""The kopf handlers: the thin I/O shell around :mod:`mcpfleet.operator.rotation`.
+"""The kopf handlers: the thin I/O shell around :mod:`mcpfleet_operator.rotation`.
 
 kopf watches the resources, keeps the indexes, runs the per-object timers,
 holds finalizers, posts Events, and (with peering) lets exactly one operator
@@ -9,9 +9,9 @@ it names, and record the outcome in status, Events and metrics.
 
 State lives in the cluster only: the ring and its owner in the Secret, the
 phase in the KeyRotation's status; what the status says is written by
-:mod:`~mcpfleet.operator.status`, what the process keeps in memory (only what
-may be lost safely) is in :mod:`~mcpfleet.operator.runtime`, and one rotation
-step (observe, decide, perform, record) is :mod:`~mcpfleet.operator.stepping`.
+:mod:`~mcpfleet_operator.status`, what the process keeps in memory (only what
+may be lost safely) is in :mod:`~mcpfleet_operator.runtime`, and one rotation
+step (observe, decide, perform, record) is :mod:`~mcpfleet_operator.stepping`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 from redis.exceptions import RedisError
 
-from mcpfleet.operator import secretring
-from mcpfleet.operator.api import (
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.redisconn import describe
+from mcpfleet_operator import secretring
+from mcpfleet_operator.api import (
     FINALIZER,
     GROUP,
     KEYRINGS,
@@ -37,7 +39,7 @@ from mcpfleet.operator.api import (
     parse_time,
     rotation_manifest,
 )
-from mcpfleet.operator.rotation import (
+from mcpfleet_operator.rotation import (
     DeleteAction,
     QueueEntry,
     active_of,
@@ -45,18 +47,16 @@ from mcpfleet.operator.rotation import (
     on_delete,
     schedule,
 )
-from mcpfleet.operator.runtime import QueueIndex, Runtime, SpecIndex, Tick, views
-from mcpfleet.operator.status import (
+from mcpfleet_operator.runtime import QueueIndex, Runtime, SpecIndex, Tick, views
+from mcpfleet_operator.status import (
     Status,
     keyring_invalid,
     keyring_status,
     recorded_phase,
 )
-from mcpfleet.operator.stepping import advance
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.redisconn import describe
+from mcpfleet_operator.stepping import advance
 
-log = logging.getLogger("mcpfleet.operator")
+log = logging.getLogger("mcpfleet_operator")
 
 #: How often a running rotation is re-examined, and a KeyRing's status refreshed.
 ROTATION_TICK = 0.25

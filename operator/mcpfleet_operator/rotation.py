@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from mcpfleet.operator.api import ACTIVE_PHASES, TERMINAL_PHASES, RotationPhase, parse_time
-from mcpfleet.server.contract import RingPhase
+from mcpfleet.contract import RingPhase
+from mcpfleet_operator.api import ACTIVE_PHASES, TERMINAL_PHASES, RotationPhase, parse_time
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,15 @@ import redis
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from mcpfleet.operator.api import KeyRingSpec, SpecError
-from mcpfleet.operator.metrics import OperatorMetrics
-from mcpfleet.operator.rotation import PodView, QueueEntry
-from mcpfleet.operator.status import changed
-from mcpfleet.server.contract import KEYRING_NUDGE_ANNOTATION, RedisKeys
-from mcpfleet.server.redisconn import RedisSettings, sync_client
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION, RedisKeys
+from mcpfleet.redisconn import RedisSettings, sync_client
+from mcpfleet.registry import read_replicas_sync
+from mcpfleet_operator.api import KeyRingSpec, SpecError
+from mcpfleet_operator.metrics import OperatorMetrics
+from mcpfleet_operator.rotation import PodView, QueueEntry
+from mcpfleet_operator.status import changed
 
-log = logging.getLogger("mcpfleet.operator")
+log = logging.getLogger("mcpfleet_operator")
 
 #: The operator's two indexes, by (namespace, KeyRing name).
 QueueIndex = kopf.Index[tuple[str, str], QueueEntry]
@@ -85,7 +85,7 @@ class Clock:
 class Runtime:
     """What the handlers share: configuration, clients, metrics, locks and clocks.
 
-    Passed to kopf as ``memo``; built by :func:`mcpfleet.operator.cli.run_operator`.
+    Passed to kopf as ``memo``; built by :func:`mcpfleet_operator.cli.run_operator`.
     """
 
     api: k8s.ApiClient

@@ -2,7 +2,7 @@
 
 The Secret is the source of truth of a rotation: its ``keyring.json`` is the
 ring every replica loads, and its annotations name the rotation that owns a
-ring in flight (:data:`~mcpfleet.operator.api.ROTATION_ANNOTATION`). Every
+ring in flight (:data:`~mcpfleet_operator.api.ROTATION_ANNOTATION`). Every
 update carries the resourceVersion that was read, so a write based on a
 stale read (another operator, a person with kubectl, a second rotation) is
 refused by the API server with 409 instead of silently losing a key.
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from mcpfleet.operator.api import ROTATION_ANNOTATION, ROTATION_UID_ANNOTATION
-from mcpfleet.operator.rotation import RingView
-from mcpfleet.server.contract import KEYRING_FILE, KEYRING_LABEL
-from mcpfleet.server.keys.ring import KeyRing, KeyRingError
+from mcpfleet.contract import KEYRING_FILE, KEYRING_LABEL
+from mcpfleet.keys.ring import KeyRing, KeyRingError
+from mcpfleet_operator.api import ROTATION_ANNOTATION, ROTATION_UID_ANNOTATION
+from mcpfleet_operator.rotation import RingView
 
 
 class SecretConflict(RuntimeError):

@@ -21,9 +21,9 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from mcpfleet.operator.api import TERMINAL_PHASES, KeyRingPhase, RotationPhase, parse_time
-from mcpfleet.operator.rotation import Convergence, Decision, QueueEntry, active_of
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet_operator.api import TERMINAL_PHASES, KeyRingPhase, RotationPhase, parse_time
+from mcpfleet_operator.rotation import Convergence, Decision, QueueEntry, active_of
 
 Status = dict[str, Any]
 

@@ -1,10 +1,10 @@
 """Driving one KeyRotation a step: observe, ask the state machine, perform, record.
 
-The rotation timer and the deletion handler of :mod:`mcpfleet.operator.handlers`
+The rotation timer and the deletion handler of :mod:`mcpfleet_operator.handlers`
 call :func:`advance` once per tick. It observes the Secret, the Pods of the
-selector and their attestations, asks :func:`~mcpfleet.operator.rotation.decide`
+selector and their attestations, asks :func:`~mcpfleet_operator.rotation.decide`
 for the one step the world allows, performs it (a Secret write through
-:func:`~mcpfleet.operator.secretring.write_step`, then the nudge), and records
+:func:`~mcpfleet_operator.secretring.write_step`, then the nudge), and records
 the outcome in status, Events and metrics; a step that waits too long is a
 stall, a spec or Secret that cannot be used fails the rotation.
 """
@@ -17,14 +17,15 @@ import time
 import kopf
 from redis.exceptions import RedisError
 
-from mcpfleet.operator import secretring
-from mcpfleet.operator.api import (
+from mcpfleet.redisconn import describe
+from mcpfleet_operator import secretring
+from mcpfleet_operator.api import (
     KeyRingSpec,
     RotationSpec,
     SpecError,
 )
-from mcpfleet.operator.metrics import TIMED_PHASES
-from mcpfleet.operator.rotation import (
+from mcpfleet_operator.metrics import TIMED_PHASES
+from mcpfleet_operator.rotation import (
     Convergence,
     Decision,
     Observed,
@@ -35,8 +36,8 @@ from mcpfleet.operator.rotation import (
     resumed_kids,
     turn,
 )
-from mcpfleet.operator.runtime import Clock, Tick, views
-from mcpfleet.operator.status import (
+from mcpfleet_operator.runtime import Clock, Tick, views
+from mcpfleet_operator.status import (
     Status,
     now_ms,
     phase_events,
@@ -45,9 +46,8 @@ from mcpfleet.operator.status import (
     rotation_progress,
     rotation_waiting,
 )
-from mcpfleet.server.redisconn import describe
 
-log = logging.getLogger("mcpfleet.operator")
+log = logging.getLogger("mcpfleet_operator")
 
 
 def advance(t: Tick) -> None:

@@ -1,12 +1,13 @@
 """mcpfleet's replica runtime, router and the contract shared with the operator.
 
-Imported as ``mcpfleet.server``; the folder is mapped under the ``mcpfleet``
-namespace so that nothing here shadows a standard-library module.
+The package lives in the source root ``server/`` (``server/mcpfleet/``); the
+operator is the separate package ``mcpfleet_operator`` in ``operator/``.
+Only what ``__all__`` names is API; every other module is internal.
 
 The public API for FastMCP authors is re-exported here: guard flows that ask
-users for input on both protocol eras (:mod:`mcpfleet.server.guard`) and the
+users for input on both protocol eras (:mod:`mcpfleet.guard`) and the
 Prometheus middleware counting asking vs final rounds
-(:mod:`mcpfleet.server.replica.middleware`). They are imported on first use, so that a
+(:mod:`mcpfleet.replica.middleware`). They are imported on first use, so that a
 process needing only the contract (the operator, ``mcpfleet keys``) does not
 load FastMCP.
 """
@@ -17,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mcpfleet.server.guard import (
+    from mcpfleet.guard import (
         Answers,
         NextQuestion,
         Outcome,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
         first_missing,
         is_modern,
     )
-    from mcpfleet.server.replica.middleware import PrometheusMiddleware
+    from mcpfleet.replica.middleware import PrometheusMiddleware
 
 #: The installed distribution's version, read from its metadata on first use
 #: (importlib.metadata costs an import a FastMCP author need not pay). It is
@@ -37,15 +38,15 @@ if TYPE_CHECKING:
 __version__: str
 
 _EXPORTS = {
-    "Answers": "mcpfleet.server.guard",
-    "NextQuestion": "mcpfleet.server.guard",
-    "Outcome": "mcpfleet.server.guard",
-    "Question": "mcpfleet.server.guard",
-    "ask": "mcpfleet.server.guard",
-    "ask_then": "mcpfleet.server.guard",
-    "first_missing": "mcpfleet.server.guard",
-    "is_modern": "mcpfleet.server.guard",
-    "PrometheusMiddleware": "mcpfleet.server.replica.middleware",
+    "Answers": "mcpfleet.guard",
+    "NextQuestion": "mcpfleet.guard",
+    "Outcome": "mcpfleet.guard",
+    "Question": "mcpfleet.guard",
+    "ask": "mcpfleet.guard",
+    "ask_then": "mcpfleet.guard",
+    "first_missing": "mcpfleet.guard",
+    "is_modern": "mcpfleet.guard",
+    "PrometheusMiddleware": "mcpfleet.replica.middleware",
 }
 
 __all__ = [
@@ -71,7 +72,7 @@ def __getattr__(name: str) -> Any:
         return version
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'mcpfleet.server' has no attribute {name!r}")
+        raise AttributeError(f"module 'mcpfleet' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -3,7 +3,7 @@
 Subcommands: ``serve`` (one replica), ``router``, ``keys`` (generate and
 rotate a local key ring directory), ``dev`` (a whole local fleet), ``demo``
 (a real client run against a fleet), ``operator`` and ``rotate`` (the key
-ring operator and its client, in ``mcpfleet.operator.cli``). Errors a user
+ring operator and its client, in ``mcpfleet_operator.cli``). Errors a user
 can fix are printed as one clear line and exit with status 2; nothing prints
 key material.
 """
@@ -23,11 +23,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from mcpfleet.server import __version__, redisconn
-from mcpfleet.server.config import DEFAULT_APP, ReplicaConfig, RouterConfig
-from mcpfleet.server.contract import check_fleet_name
-from mcpfleet.server.redisconn import RedisFiles, RedisSettings
-from mcpfleet.server.replica.appload import AppLoadError
+from mcpfleet import __version__, redisconn
+from mcpfleet.config import DEFAULT_APP, ReplicaConfig, RouterConfig
+from mcpfleet.contract import check_fleet_name
+from mcpfleet.redisconn import RedisFiles, RedisSettings
+from mcpfleet.replica.appload import AppLoadError
 
 log = logging.getLogger("mcpfleet")
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=os.environ.get("MCPFLEET_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
 
-    # Every default comes from the config dataclasses (mcpfleet.server.config).
+    # Every default comes from the config dataclasses (mcpfleet.config).
     rep, rtr = ReplicaConfig, RouterConfig
     s = sub.add_parser("serve", help="run one replica of a FastMCP app")
     s.add_argument("--app", default=rep.app, help="the FastMCP server, as module:attribute")
@@ -206,13 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("url", help="the fleet's MCP endpoint, e.g. http://mcpfleet-router/mcp")
     for plugin in command_plugins():
-        plugin.add_parsers(sub)  # e.g. mcpfleet.operator.cli: `operator` and `rotate`
+        plugin.add_parsers(sub)  # e.g. mcpfleet_operator.cli: `operator` and `rotate`
     return p
 
 
 def cmd_keys(action: str, directory: Path, force: bool) -> None:
-    from mcpfleet.server.keys.files import read_ring, write_ring
-    from mcpfleet.server.keys.ring import KeyRing, KeyRingError
+    from mcpfleet.keys.files import read_ring, write_ring
+    from mcpfleet.keys.ring import KeyRing, KeyRingError
 
     try:
         if action == "generate":
@@ -234,9 +234,9 @@ def cmd_keys(action: str, directory: Path, force: bool) -> None:
 def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
     import shutil
 
-    from mcpfleet.server.dev.fleet import FleetError, LocalFleet, start_monitoring
-    from mcpfleet.server.dev.supervisor import Supervisor
-    from mcpfleet.server.dev.wait import WaitTimeout
+    from mcpfleet.dev.fleet import FleetError, LocalFleet, start_monitoring
+    from mcpfleet.dev.supervisor import Supervisor
+    from mcpfleet.dev.wait import WaitTimeout
 
     if replicas < 1:
         raise UsageError("--replicas must be at least 1")
@@ -247,9 +247,9 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
             "Falling back to embedded mode: ONE replica, no Redis, no router.",
             file=sys.stderr,
         )
-        from mcpfleet.server.keys.files import write_ring
-        from mcpfleet.server.keys.ring import KeyRing
-        from mcpfleet.server.replica.runtime import run_replica
+        from mcpfleet.keys.files import write_ring
+        from mcpfleet.keys.ring import KeyRing
+        from mcpfleet.replica.runtime import run_replica
 
         write_ring(work / "keys", KeyRing.generate())
         print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{port}/mcp", flush=True)
@@ -308,8 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             redis = _redis(args)
-            from mcpfleet.server.keys.ring import KeyRingError
-            from mcpfleet.server.replica.runtime import run_replica
+            from mcpfleet.keys.ring import KeyRingError
+            from mcpfleet.replica.runtime import run_replica
 
             try:
                 run_replica(
@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "router":
             router_redis = _redis(args)
             assert router_redis is not None  # --redis is required
-            from mcpfleet.server.router.proxy import run_router
+            from mcpfleet.router.proxy import run_router
 
             run_router(
                 RouterConfig(
@@ -366,11 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "dev":
             cmd_dev(args.replicas, args.port, args.app, args.workdir)
         elif args.command == "demo":
-            from mcpfleet.server.dev.demo import run_demo
+            from mcpfleet.dev.demo import run_demo
 
             asyncio.run(run_demo(args.url, args.era))
         elif args.command == "selftest":
-            from mcpfleet.server.selftest import selftest
+            from mcpfleet.selftest import selftest
 
             return asyncio.run(selftest(args.url))
         else:

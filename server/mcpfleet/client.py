@@ -19,7 +19,7 @@ import httpx2
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 
-from mcpfleet.server.contract import REPLICA_HEADER, SESSION_HEADER
+from mcpfleet.contract import REPLICA_HEADER, SESSION_HEADER
 
 Era = Literal["modern", "handshake"]
 

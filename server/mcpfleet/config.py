@@ -14,11 +14,11 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcpfleet.server.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
-from mcpfleet.server.redisconn import RedisFiles
+from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
+from mcpfleet.redisconn import RedisFiles
 
 #: The app ``mcpfleet serve`` runs when no ``--app`` is given.
-DEFAULT_APP = "mcpfleet.server.example.app:app"
+DEFAULT_APP = "mcpfleet.example.app:app"
 
 #: How long an idle handshake-era session lives: the replica forgets it, and
 #: the router's routing entry expires, after this long without a request.
@@ -34,7 +34,7 @@ class ReplicaConfig:
     name: str = ""
     advertise: str = ""
     redis_url: str | None = None
-    #: The password and TLS files (mcpfleet.server.redisconn): paths, never contents.
+    #: The password and TLS files (mcpfleet.redisconn): paths, never contents.
     redis_files: RedisFiles = field(default_factory=RedisFiles)
     fleet: str = DEFAULT_FLEET
     audience: str = ""

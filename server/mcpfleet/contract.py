@@ -94,7 +94,7 @@ class RedisKeys:
         return f"{self.prefix}:session:{session_id}"
 
     def once(self, flow: str) -> str:
-        """The ledger entry of one exactly-once guard flow (:mod:`mcpfleet.server.once`).
+        """The ledger entry of one exactly-once guard flow (:mod:`mcpfleet.once`).
 
         Holds the flow's state and its final result, never answers or keys, and
         expires with the claim (at least the token TTL).
@@ -111,15 +111,15 @@ class RedisKeys:
         it; a test runs each component under exactly these rules and checks
         ``ACL LOG`` stays empty):
 
-        * ``replica`` (:class:`mcpfleet.server.registry.Publisher`): its
+        * ``replica`` (:class:`mcpfleet.registry.Publisher`): its
           attestation record and the registry set. The record's pattern covers
           every replica of the fleet, since pod names are not known in advance;
           pruning dead names (EXISTS on their records, SREM) needs that too.
-          The once-ledger (:mod:`mcpfleet.server.once`): its entries, read and
+          The once-ledger (:mod:`mcpfleet.once`): its entries, read and
           write (claim: SET NX GET PX; result: SET XX PX; a racing replay: GET).
-        * ``router`` (:mod:`mcpfleet.server.router.table`): the session keys,
+        * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
           read and write; the registry, read only.
-        * ``operator`` (:mod:`mcpfleet.operator.runtime`): the registry and
+        * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
           the attestations, read only.
 
         PING is the client's health check; SELECT lets a URL name a database.

@@ -19,7 +19,7 @@ once-flow), so any answer key is free for the tool to use.
 
 ``ask_then(..., once=True)`` makes the end of a modern-era tool flow happen once
 per flow, fleet-wide: a replay of the final round, on any replica, returns the
-original result without running ``finish`` again (:mod:`mcpfleet.server.once`).
+original result without running ``finish`` again (:mod:`mcpfleet.once`).
 
 Example::
 
@@ -53,7 +53,7 @@ from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, Inpu
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
-from mcpfleet.server.once import new_flow_id, run_once, valid_flow_id
+from mcpfleet.once import new_flow_id, run_once, valid_flow_id
 
 __all__ = [
     "Answers",
@@ -288,7 +288,7 @@ async def ask_then(
     ``finish``. Two replays racing: ``finish`` runs once; the other gets the
     stored result after a bounded wait, or a retryable error. A ledger that
     cannot be asked fails the round with a retryable error
-    (:class:`~mcpfleet.server.once.FlowUnavailable`) and never runs ``finish``.
+    (:class:`~mcpfleet.once.FlowUnavailable`) and never runs ``finish``.
     On the handshake era a flow lives in one request of one process, so there
     is no final round to replay: ``finish`` runs once per call, as without
     ``once``.

@@ -57,7 +57,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams, ContentBlock, TextContent
 from pydantic import TypeAdapter
 
-from mcpfleet.server.contract import LABEL_PREFIX, RedisKeys
+from mcpfleet.contract import LABEL_PREFIX, RedisKeys
 
 __all__ = [
     "DEFAULT_RESULT_LIMIT",

@@ -1,6 +1,6 @@
 """The replica registry in Redis: replicas publish attestations, others read them.
 
-A replica writes its :class:`~mcpfleet.server.contract.Attestation` under its
+A replica writes its :class:`~mcpfleet.contract.Attestation` under its
 own key with a TTL a few heartbeats long, and adds its name to the fleet's
 replica set. Readers (router, operator, tests) take the set and fetch every
 record in one round trip; a name whose record expired is a replica that
@@ -22,9 +22,9 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from mcpfleet.server import redisconn
-from mcpfleet.server.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
-from mcpfleet.server.redisconn import RedisFiles, describe, redact_url
+from mcpfleet import redisconn
+from mcpfleet.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
+from mcpfleet.redisconn import RedisFiles, describe, redact_url
 
 __all__ = ["connect", "redact_url"]
 
@@ -37,7 +37,7 @@ REDIS_TIMEOUT = 0.5
 def connect(url: str, files: RedisFiles | None = None) -> aioredis.Redis:
     """A Redis client with short timeouts: an outage is seen at once, never waited out.
 
-    Built by :mod:`mcpfleet.server.redisconn` (Sentinel, TLS, password files).
+    Built by :mod:`mcpfleet.redisconn` (Sentinel, TLS, password files).
     """
     return redisconn.async_client(
         redisconn.settings(url, files), timeout=REDIS_TIMEOUT, health_check_interval=5

@@ -29,11 +29,11 @@ from benchkit.loadgen import children
 from benchkit.profilebench import router_cpu_rows
 from benchkit.targets import Figures, target_rows
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
-from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import LocalFleet, free_port
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.keys.codec import ReloadableCodec
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.dev.demo import connect
+from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.keys.codec import ReloadableCodec
+from mcpfleet.keys.ring import KeyRing
 
 HEADERS = {
     "content-type": "application/json",
@@ -144,7 +144,7 @@ def middleware_cost(n: int) -> tuple[float, float]:
     from fastmcp import Client, FastMCP
     from prometheus_client import CollectorRegistry
 
-    from mcpfleet.server.replica.middleware import PrometheusMiddleware
+    from mcpfleet.replica.middleware import PrometheusMiddleware
 
     def app(with_metrics: bool) -> FastMCP:
         mcp = FastMCP("bench")
@@ -184,7 +184,7 @@ def start_plain_fastmcp(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     code = (
         "import uvicorn\n"
-        "from mcpfleet.server.example.app import app\n"
+        "from mcpfleet.example.app import app\n"
         f"uvicorn.run(app.http_app(path='/mcp'), host='127.0.0.1', port={port},"
         " log_level='warning', access_log=False)\n"
     )
@@ -194,7 +194,7 @@ def start_plain_fastmcp(work: Path) -> tuple[subprocess.Popen[bytes], str]:
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=dict(os.environ, PYTHONSAFEPATH="1"),
+        env=dict(os.environ),
     )
     log.close()
     url = f"http://127.0.0.1:{port}/mcp"
@@ -496,7 +496,6 @@ def main() -> None:
         help="only the load-generator, session, Redis and profile rows (issue 12's figures)",
     )
     args = parser.parse_args()
-    os.environ.setdefault("PYTHONSAFEPATH", "1")
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
     from benchkit.sessionbench import measure_sessions

@@ -2,7 +2,7 @@
 
 From the Secret write to every replica pod attesting the new ring, with and
 without the pod annotation nudge the operator applies after each write
-(:data:`~mcpfleet.server.contract.KEYRING_NUDGE_ANNOTATION`). Without it the
+(:data:`~mcpfleet.contract.KEYRING_NUDGE_ANNOTATION`). Without it the
 kubelet refreshes a Secret volume only at its next periodic sync of the pod
 (``syncFrequency``, one minute by default, plus jitter); a changed pod is
 synced at once. Measured, never asserted: the tests only require convergence.

@@ -22,7 +22,7 @@ import redis
 from fleetkit.fleet import TESTS_DIR
 from fleetkit.onceapp import EFFECTS_ENV
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.dev.fleet import LocalFleet
 
 Row = tuple[str, str, str, str]
 

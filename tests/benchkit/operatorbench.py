@@ -22,7 +22,7 @@ from fleetkit.controlplane import (
     temporary_namespace,
 )
 from fleetkit.operatorkit import operator_env, ring_body_for
-from mcpfleet.operator.api import KEYRINGS
+from mcpfleet_operator.api import KEYRINGS
 
 Row = tuple[str, str, str, str]
 TOKEN_TTL = 2

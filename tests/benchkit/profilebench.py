@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchkit.loadgen import WrkResult, run_wrk
 from benchkit.profile_summary import Profile, read_collapsed
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, wait_for
+from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, wait_for
 
 Row = tuple[str, str, str, str]
 OUT = Path(__file__).resolve().parents[2] / ".cache" / "bench"
@@ -31,9 +31,9 @@ NOW, BEFORE = "router now", "router before (pump for every body)"
 
 _BEFORE_LAUNCHER = (
     "import sys\n"
-    "import mcpfleet.server.router.upstream as upstream\n"
+    "import mcpfleet.router.upstream as upstream\n"
     "upstream.WHOLE_BODY_LIMIT = -1  # every body through the pump, as before the change\n"
-    "from mcpfleet.server.cli import main\n"
+    "from mcpfleet.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 
@@ -137,7 +137,7 @@ def router_cpu_rows(lf: LocalFleet, quick: bool) -> list[Row]:
                 f"{_short(f)} {s * 100:.0f}%"
                 for f, s in [
                     (f, s)
-                    for f, s in prof.top_inclusive(30, within="server/router/")
+                    for f, s in prof.top_inclusive(30, within="server/mcpfleet/router/")
                     if not f.startswith(outer)
                 ][:5]
             )
@@ -174,7 +174,7 @@ def relay_path_share(prof: Profile) -> float:
 
 
 def _short(frame: str) -> str:
-    """``Router._pump (server/router/proxy.py)`` -> ``Router._pump``; libraries keep theirs."""
+    """``Router._pump (server/mcpfleet/router/proxy.py)`` -> ``Router._pump``."""
     func, _, where = frame.partition(" (")
     where = where.rstrip(")")
     if where.startswith("server/"):

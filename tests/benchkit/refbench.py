@@ -23,31 +23,38 @@ from pathlib import Path
 
 from benchkit.loadgen import WrkResult, cpu_seconds, run_wrk
 from benchkit.profilebench import start_extra_router
-from mcpfleet.server.dev.fleet import LocalFleet, Proc
+from mcpfleet.dev.fleet import LocalFleet, Proc
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def checkout(ref: str, into: Path) -> Path:
-    """``ref``'s tree in a detached worktree, and an import root mapping mcpfleet.* onto it."""
+def checkout(ref: str, into: Path) -> tuple[Path, str]:
+    """``ref``'s tree in a detached worktree: the import root for its code, and its CLI module.
+
+    From 0.2 the tree has a source root (``server/mcpfleet``); before that the
+    folders were mapped to ``mcpfleet.server`` by the build, so a symlink tree
+    stands in for the mapping.
+    """
     tree = into / "tree"
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), ref],
         check=True,
         capture_output=True,
     )
+    if (tree / "server" / "mcpfleet").is_dir():
+        return tree / "server", "mcpfleet.cli"
     imports = into / "imports" / "mcpfleet"
     imports.mkdir(parents=True)
     (imports / "server").symlink_to(tree / "server")
     (imports / "operator").symlink_to(tree / "operator")
-    return imports.parent
+    return imports.parent, "mcpfleet.server.cli"
 
 
-def start_ref_router(lf: LocalFleet, imports: Path) -> tuple[Proc, str]:
-    # The import root first: mcpfleet.server then resolves to REF's code, not this tree's.
+def start_ref_router(lf: LocalFleet, imports: Path, cli: str) -> tuple[Proc, str]:
+    # The import root first: mcpfleet then resolves to REF's code, not this tree's.
     launcher = (
         f"import sys; sys.path.insert(0, {str(imports)!r}); "
-        "from mcpfleet.server.cli import main; sys.exit(main(sys.argv[1:]))"
+        f"from {cli} import main; sys.exit(main(sys.argv[1:]))"
     )
     return start_extra_router(lf, launcher, "router-ref")
 
@@ -65,12 +72,12 @@ def main() -> None:
         text=True,
     ).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-refbench-"))
-    imports = checkout(sha, work)
+    imports, cli = checkout(sha, work)
     lf = LocalFleet(work / "fleet", replicas=3, fleet="refbench")
     lf.start()
     ref_proc = None
     try:
-        ref_proc, ref_url = start_ref_router(lf, imports)
+        ref_proc, ref_url = start_ref_router(lf, imports, cli)
         now_name, ref_name = "router now", f"router at {sha}"
         urls = {"direct": f"{lf.members['replica-0'].url}/mcp", now_name: lf.url, ref_name: ref_url}
         now_popen, ref_popen = lf.router_procs[0].popen, ref_proc.popen

@@ -41,8 +41,8 @@ from benchkit.hotpath import DIRECT, ROUTER
 from benchkit.loadgen import WrkResult, run_wrk
 from benchkit.targets import Figures
 from fleetkit.wire import MODERN, MODERN_META
-from mcpfleet.server.contract import RedisKeys
-from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.contract import RedisKeys
+from mcpfleet.dev.fleet import LocalFleet
 
 Row = tuple[str, str, str, str]
 HANDSHAKE = "2025-11-25"

@@ -24,7 +24,7 @@ import yaml
 from fleetkit import chartkit
 from fleetkit.controlplane import require_tools
 from fleetkit.helm import Helm, HelmError
-from mcpfleet.server.contract import RedisKeys
+from mcpfleet.contract import RedisKeys
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -753,7 +753,7 @@ def test_two_releases_in_one_namespace_share_no_object(helm: Helm) -> None:
 
 
 def test_the_router_shuts_down_like_a_replica_drains(helm: Helm, tmp_path: Path) -> None:
-    from mcpfleet.server.cli import build_parser
+    from mcpfleet.cli import build_parser
 
     values = {
         "router": {

@@ -28,8 +28,8 @@ from fleetkit.cpfleet import (
 )
 from fleetkit.fleet import FleetOptions
 from fleetkit.kubelet_secret import DATA_DIR
-from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
-from mcpfleet.server.keys.files import read_ring
+from mcpfleet.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
+from mcpfleet.keys.files import read_ring
 
 pytestmark = pytest.mark.controlplane
 

@@ -33,10 +33,10 @@ from fleetkit.operatorkit import (
     operator_env,
     render_chart,
 )
-from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION
-from mcpfleet.server.contract import KEYRING_FILE, RedisKeys
-from mcpfleet.server.keys.ring import KeyRing, compute_kid
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet.contract import KEYRING_FILE, RedisKeys
+from mcpfleet.keys.ring import KeyRing, compute_kid
+from mcpfleet.registry import read_replicas_sync
+from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION
 
 pytestmark = pytest.mark.controlplane
 
@@ -350,12 +350,11 @@ def test_the_operator_refuses_to_start_paused_forever_without_its_peering_object
 ) -> None:
     with temporary_namespace(admin_api, "no-peering") as namespace:
         result = subprocess.run(
-            [sys.executable, "-m", "mcpfleet.server.cli", "operator", "-n", namespace],
+            [sys.executable, "-m", "mcpfleet.cli", "operator", "-n", namespace],
             env={
                 **os.environ,
                 "KUBECONFIG": str(env.plane.admin_kubeconfig),
                 "MCPFLEET_REDIS_URL": env.redis_url,
-                "PYTHONSAFEPATH": "1",
             },
             capture_output=True,
             text=True,

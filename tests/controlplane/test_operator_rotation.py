@@ -36,7 +36,7 @@ from fleetkit.operatorkit import (
     operator_env,
     ring_body_for,
 )
-from mcpfleet.operator.api import KEYRINGS, KEYROTATIONS
+from mcpfleet_operator.api import KEYRINGS, KEYROTATIONS
 
 pytestmark = pytest.mark.controlplane
 
@@ -88,11 +88,11 @@ def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def _mcpfleet_argv() -> list[str]:
-    return [sys.executable, "-m", "mcpfleet.server.cli"]
+    return [sys.executable, "-m", "mcpfleet.cli"]
 
 
 def _mcpfleet_env(env: OperatorEnv) -> dict[str, str]:
-    return {**os.environ, "KUBECONFIG": str(env.plane.admin_kubeconfig), "PYTHONSAFEPATH": "1"}
+    return {**os.environ, "KUBECONFIG": str(env.plane.admin_kubeconfig)}
 
 
 def _mcpfleet(

@@ -31,8 +31,8 @@ from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.chartkit import CHART, OWN_APP_VALUES
 from fleetkit.controlplane import repo_root, tools_bin_dir, wait_for
 from fleetkit.providers import Cluster
-from mcpfleet.server.dev.demo import Era, Trace, connect
-from mcpfleet.server.selftest import selftest
+from mcpfleet.dev.demo import Era, Trace, connect
+from mcpfleet.selftest import selftest
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from fleetkit.fleet import diagnostics, local_fleet
-from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.dev.fleet import LocalFleet
 
 _ACTIVE: list[LocalFleet] = []
 

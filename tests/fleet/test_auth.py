@@ -22,8 +22,8 @@ from fastmcp import Client
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.jwtkit import TokenIssuer
 from fleetkit.wire import Answer, accept, initialize_body, modern_call
-from mcpfleet.server.contract import ROUTER_ERROR_HEADER, SESSION_ENDED_HEADER
-from mcpfleet.server.dev.fleet import LocalFleet, free_port
+from mcpfleet.contract import ROUTER_ERROR_HEADER, SESSION_ENDED_HEADER
+from mcpfleet.dev.fleet import LocalFleet, free_port
 
 from .conftest import shared
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from fleetkit.wire import modern_call
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.keys.files import write_ring, write_volume
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.keys.files import write_ring, write_volume
+from mcpfleet.keys.ring import KeyRing
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
@@ -70,11 +70,11 @@ def test_oversized_body_and_headers_are_refused(fleet: LocalFleet) -> None:
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mcpfleet.server.cli", "serve", "--port", str(free_port()), *args],
+        [sys.executable, "-m", "mcpfleet.cli", "serve", "--port", str(free_port()), *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin"},
     )
 
 
@@ -136,7 +136,7 @@ def test_a_replica_with_unreachable_redis_serves_and_says_why(tmp_path: Path) ->
         ),
         tmp_path / "lonely.log",
     )
-    proc.start({"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"})
+    proc.start({"PATH": "/usr/bin:/bin"})
     try:
         wait_for(
             lambda: http_ok(f"http://127.0.0.1:{port}/readyz"),
@@ -166,7 +166,7 @@ def test_router_with_unreachable_redis_starts_degraded(tmp_path: Path) -> None:
         mcpfleet_argv("router", "--port", str(port), "--redis", f"redis://127.0.0.1:{dead}/0"),
         tmp_path / "router.log",
     )
-    proc.start({"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"})
+    proc.start({"PATH": "/usr/bin:/bin"})
     try:
         wait_for(
             lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
@@ -190,10 +190,10 @@ def test_router_with_unreachable_redis_starts_degraded(tmp_path: Path) -> None:
 
 def test_cli_rejects_bad_flags_clearly() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mcpfleet.server.cli", "router", "--redis", "http://nope"],
+        [sys.executable, "-m", "mcpfleet.cli", "router", "--redis", "http://nope"],
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 2 and "a Redis URL starts with redis://" in done.stderr

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from benchkit.loadgen import run_wrk
 
+from benchkit.loadgen import run_wrk
 from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.dev.fleet import LocalFleet
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +58,7 @@ async def test_sessions_held_with_a_pending_elicitation_answer_pings_and_finish(
 ) -> None:
     """The bench's handshake sessions, and wrk's sticky script, against a real replica."""
     import aiohttp
+
     from benchkit.sessionbench import finish_elicitation, initialize, ping, start_elicitation
 
     url = small_fleet.url

@@ -17,15 +17,15 @@ import pytest
 
 from fleetkit.fleet import require_redis
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.server.dev.fleet import free_port, mcpfleet_argv
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.fleet import free_port, mcpfleet_argv
+from mcpfleet.dev.wait import wait_for
 
 
 class Dev:
     """A running ``mcpfleet dev`` and everything it printed."""
 
     def __init__(self, workdir: Path, port: int) -> None:
-        env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             mcpfleet_argv("dev", "--port", str(port), "--workdir", str(workdir)),
             stdout=subprocess.PIPE,

@@ -14,9 +14,9 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import modern_call
-from mcpfleet.server.dev.demo import Trace, connect, default_answer
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.demo import Trace, connect, default_answer
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.wait import wait_for
 
 from .conftest import watched
 

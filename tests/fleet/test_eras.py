@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleetkit import scenarios
-from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.dev.fleet import LocalFleet
 
 
 async def test_modern_booking_rounds_land_on_several_replicas(fleet: LocalFleet) -> None:

@@ -17,9 +17,9 @@ import pytest
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.onceapp import EFFECTS_ENV
 from fleetkit.wire import Answer, accept, modern_call
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.once import ONCE_META_KEY, RETRY_CODE
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.once import ONCE_META_KEY, RETRY_CODE
 
 from .conftest import shared
 

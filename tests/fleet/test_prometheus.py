@@ -30,14 +30,14 @@ from mcp_types import ElicitResult
 from fleetkit import monitoring, scenarios
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.dev.localprom import LocalPrometheus
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.keys.files import write_ring, write_volume
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.router.proxy import Outcome
-from mcpfleet.server.router.upstream import Failure
+from mcpfleet.dev.demo import connect
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.localprom import LocalPrometheus
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.keys.files import write_ring, write_volume
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.router.proxy import Outcome
+from mcpfleet.router.upstream import Failure
 
 from .conftest import shared
 

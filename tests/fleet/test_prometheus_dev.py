@@ -18,10 +18,10 @@ import pytest
 
 from fleetkit import monitoring
 from fleetkit.fleet import require_redis
-from mcpfleet.server.dev.fleet import free_port
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.wait import wait_for
 
-DEV = [sys.executable, "-m", "mcpfleet.server.cli", "dev", "--replicas", "1"]
+DEV = [sys.executable, "-m", "mcpfleet.cli", "dev", "--replicas", "1"]
 
 
 class Dev:
@@ -82,7 +82,7 @@ class Dev:
 
 
 def _env(path: str | None = None) -> dict[str, str]:
-    env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     if path is not None:
         env["PATH"] = path
     return env

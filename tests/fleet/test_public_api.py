@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.server.dev.demo import Trace, connect
-from mcpfleet.server.dev.fleet import LocalFleet
+from mcpfleet.dev.demo import Trace, connect
+from mcpfleet.dev.fleet import LocalFleet
 
 from .conftest import shared
 

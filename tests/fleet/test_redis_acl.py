@@ -27,10 +27,10 @@ from fleetkit import scenarios
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
 from fleetkit.wire import initialize_body
-from mcpfleet.server import redisconn
-from mcpfleet.server.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.registry import connect, read_replicas, read_replicas_sync
+from mcpfleet import redisconn
+from mcpfleet.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.registry import connect, read_replicas, read_replicas_sync
 
 from .conftest import shared
 

@@ -19,11 +19,11 @@ from fleetkit import scenarios
 from fleetkit.certs import CertificateAuthority
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer, TLSFiles, acl_log, redis_fleet
-from mcpfleet.server import redisconn
-from mcpfleet.server.contract import RedisKeys
-from mcpfleet.server.dev.fleet import Proc, free_port, mcpfleet_argv
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet import redisconn
+from mcpfleet.contract import RedisKeys
+from mcpfleet.dev.fleet import Proc, free_port, mcpfleet_argv
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.registry import read_replicas_sync
 
 from .conftest import shared
 

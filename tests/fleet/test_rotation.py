@@ -10,8 +10,8 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
+from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
 

@@ -26,10 +26,10 @@ import redis
 
 from fleetkit.fleet import FleetOptions, local_fleet, require_redis
 from fleetkit.wire import initialize_body
-from mcpfleet.server.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
-from mcpfleet.server.dev.fleet import LocalFleet, free_port
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.router.proxy import Router, RouterConfig
+from mcpfleet.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
+from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.router.proxy import Router, RouterConfig
 
 from .conftest import watched
 
@@ -349,7 +349,7 @@ def test_a_stalled_body_gets_a_json_rpc_408(impatient_fleet: LocalFleet) -> None
 async def test_a_stream_outlives_the_header_and_body_deadlines(
     impatient_fleet: LocalFleet,
 ) -> None:
-    from mcpfleet.server.dev.demo import connect
+    from mcpfleet.dev.demo import connect
 
     async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
         result = await client.call_tool("ticker", {"count": 4, "interval": 1.0})
@@ -552,7 +552,7 @@ def test_max_connections_must_be_a_positive_integer() -> None:
             [
                 sys.executable,
                 "-m",
-                "mcpfleet.server.cli",
+                "mcpfleet.cli",
                 "router",
                 "--redis",
                 "redis://127.0.0.1:1/0",

@@ -19,10 +19,10 @@ import redis
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.traffic import Traffic
 from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
-from mcpfleet.server.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
-from mcpfleet.server.dev.demo import Trace, connect, default_answer
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
+from mcpfleet.dev.demo import Trace, connect, default_answer
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.wait import wait_for
 
 from .conftest import watched
 

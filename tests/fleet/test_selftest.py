@@ -11,8 +11,8 @@ import pytest
 
 from fleetkit.fleet import TESTS_DIR, FleetOptions, diagnostics, local_fleet, running
 from fleetkit.jwtkit import TokenIssuer
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.selftest import metadata_url, selftest
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.selftest import metadata_url, selftest
 
 VENV_BIN = Path(sys.executable).parent
 

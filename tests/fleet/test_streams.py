@@ -13,9 +13,9 @@ import pytest
 
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import MODERN, MODERN_META
-from mcpfleet.server.dev.demo import connect
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.demo import connect
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
 

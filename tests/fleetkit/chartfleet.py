@@ -27,10 +27,10 @@ from kubernetes.client.exceptions import ApiException
 from fleetkit.chartkit import CHART
 from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
 from fleetkit.providers import Cluster
-from mcpfleet.operator.api import rotation_manifest
-from mcpfleet.server.contract import KEYRING_FILE, Attestation, RedisKeys
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet.contract import KEYRING_FILE, Attestation, RedisKeys
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.registry import read_replicas_sync
+from mcpfleet_operator.api import rotation_manifest
 
 GROUP, VERSION = "mcpfleet.dev", "v1alpha1"
 

@@ -138,7 +138,7 @@ def _start_fleet(args: argparse.Namespace, state: dict[str, object]) -> int:
         return 1
     _fleet_file().unlink(missing_ok=True)
     log = _cluster_dir() / "fleet.log"
-    env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with log.open("ab") as fh:
         proc = subprocess.Popen(
             [
@@ -179,7 +179,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
     from fleetkit.operatorkit import operator_env, ring_body_for
-    from mcpfleet.operator.api import KEYRINGS
+    from mcpfleet_operator.api import KEYRINGS
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

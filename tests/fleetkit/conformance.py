@@ -2,7 +2,7 @@
 
 ``make conformance`` (``python -m fleetkit.conformance``) and the
 ``tests/conformance`` tier both come here. One local fleet of three replicas
-serving :mod:`mcpfleet.server.example.conformance` is started, and every server
+serving :mod:`mcpfleet.example.conformance` is started, and every server
 scenario of the pinned suite (the active and the pending ones: ``--suite
 all``) runs three times:
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fleetkit.conformance_modern import ModernResult, modern_table, run_modern
-from mcpfleet.server.dev.fleet import FleetError, LocalFleet
+from mcpfleet.dev.fleet import FleetError, LocalFleet
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS_DIR = REPO / "tests"
@@ -54,7 +53,7 @@ INSTALLER = REPO / "hack" / "conformance" / "install.sh"
 CACHE = REPO / ".cache" / "conformance"
 RESULTS = CACHE / "results"
 EXPECTED = TESTS_DIR / "conformance" / "expected.json"
-APP = "mcpfleet.server.example.conformance:app"
+APP = "mcpfleet.example.conformance:app"
 
 #: The three runs, in table order, and the table's column names for them.
 TARGETS = ("direct", "fleet", "rotation")
@@ -469,5 +468,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONSAFEPATH", "1")
     raise SystemExit(main())

@@ -53,8 +53,8 @@ from fleetkit.helm import Helm as Helm
 from fleetkit.helm import HelmError as HelmError
 
 # The one wait helper, re-exported for the rigs that import it from here.
-from mcpfleet.server.dev.wait import WaitTimeout as WaitTimeout
-from mcpfleet.server.dev.wait import wait_for as wait_for
+from mcpfleet.dev.wait import WaitTimeout as WaitTimeout
+from mcpfleet.dev.wait import wait_for as wait_for
 
 T = TypeVar("T")
 

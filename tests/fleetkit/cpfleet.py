@@ -1,12 +1,12 @@
 """The control-plane backend of the ``Fleet`` interface: the key ring in a real Secret.
 
-:class:`ControlPlaneFleet` is a :class:`~mcpfleet.server.dev.fleet.LocalFleet`
+:class:`ControlPlaneFleet` is a :class:`~mcpfleet.dev.fleet.LocalFleet`
 (the same redis-server, ``mcpfleet serve`` replica processes and routers on
 127.0.0.1) whose key ring lives where it lives in a cluster: in a Secret,
 created and rotated through a real kube-apiserver. What a kubelet and the
 operator would do around the replicas is played here, through the API:
 
-- the Secret (data key :data:`~mcpfleet.server.contract.KEYRING_FILE`, the ring
+- the Secret (data key :data:`~mcpfleet.contract.KEYRING_FILE`, the ring
   document) is created by :meth:`ControlPlaneFleet.prepare_keys`, as ``helm
   install`` would;
 - each replica reads its OWN key directory (``workdir/volumes/<name>``), fed by
@@ -15,13 +15,13 @@ operator would do around the replicas is played here, through the API:
   Secret. The volume is synced before the replica starts and torn down when
   the replica is killed, has drained, or the fleet stops;
 - :meth:`ControlPlaneFleet.rotate_step` reads the Secret, applies one
-  :class:`~mcpfleet.server.keys.ring.KeyRing` step and writes it back with an
+  :class:`~mcpfleet.keys.ring.KeyRing` step and writes it back with an
   update carrying the resourceVersion it read, through the operator's own
-  Secret code (:mod:`mcpfleet.operator.secretring`), as a ServiceAccount
+  Secret code (:mod:`mcpfleet_operator.secretring`), as a ServiceAccount
   allowed only ``get``/``update`` on it;
 - a Pod named like each replica (``replica-0``...), labelled with
-  :data:`~mcpfleet.server.contract.COMPONENT_LABEL` ``server`` and
-  :data:`~mcpfleet.server.contract.KEYRING_LABEL`, mounting the Secret, exists
+  :data:`~mcpfleet.contract.COMPONENT_LABEL` ``server`` and
+  :data:`~mcpfleet.contract.KEYRING_LABEL`, mounting the Secret, exists
   while the replica runs and is made Ready with podIP 127.0.0.1 once the
   replica serves, so the operator can match attestations to pods. Creating and
   deleting Pods and writing their status stands in for the ReplicaSet
@@ -45,11 +45,11 @@ from fleetkit.fleet import FleetOptions, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from fleetkit.pods import make_pod_ready
 from fleetkit.rbac import service_account, service_account_with_rules
-from mcpfleet.operator import secretring
-from mcpfleet.server.contract import COMPONENT_LABEL, KEYRING_LABEL
-from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, Replica
-from mcpfleet.server.keys.files import read_ring
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.contract import COMPONENT_LABEL, KEYRING_LABEL
+from mcpfleet.dev.fleet import FleetError, LocalFleet, Proc, Replica
+from mcpfleet.keys.files import read_ring
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet_operator import secretring
 
 #: The component label value of replica Pods.
 SERVER_COMPONENT = "server"
@@ -248,7 +248,7 @@ class ControlPlaneFleet(LocalFleet):
     def replace_ring(self, secret: k8s.V1Secret, ring: KeyRing) -> k8s.V1Secret:
         """Write ``ring`` into ``secret`` as read: refused (409) if it changed since.
 
-        The operator's own Secret code (:mod:`mcpfleet.operator.secretring`) does
+        The operator's own Secret code (:mod:`mcpfleet_operator.secretring`) does
         the write; a conflict surfaces as the API's 409, as a client sees it.
         """
         try:

@@ -43,10 +43,10 @@ from fleetkit.redisrig import (
 )
 from fleetkit.traffic import Traffic
 from fleetkit.wire import initialize_body
-from mcpfleet.server import redisconn
-from mcpfleet.server.contract import SESSION_HEADER, RedisKeys
-from mcpfleet.server.dev.wait import WaitTimeout, wait_for
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet import redisconn
+from mcpfleet.contract import SESSION_HEADER, RedisKeys
+from mcpfleet.dev.wait import WaitTimeout, wait_for
+from mcpfleet.registry import read_replicas_sync
 
 FLEET = "failover"
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}

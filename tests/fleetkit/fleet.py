@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.dev.fleet import LocalFleet
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.replica.appload import DEFAULT_APP
+from mcpfleet.contract import Attestation, RedisKeys
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.replica.appload import DEFAULT_APP
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ The operations a scenario may do map onto what happens to pods in a cluster:
   ``terminationGracePeriodSeconds``; the ReplicaSet makes a replacement;
 - :meth:`NodeFleet.rotate_step`: write the Secret (read-modify-update with its
   resourceVersion, as the operator does), then, when ``nudge`` is on, bump the
-  :data:`~mcpfleet.server.contract.KEYRING_NUDGE_ANNOTATION` on every replica
+  :data:`~mcpfleet.contract.KEYRING_NUDGE_ANNOTATION` on every replica
   pod so the kubelet refreshes the volume now rather than at its next sync.
 """
 
@@ -49,14 +49,14 @@ from fleetkit.chartkit import CHART
 from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
 from fleetkit.fleet import diagnostics, require_redis, running
 from fleetkit.node import GATEWAY, Node
-from mcpfleet.server.contract import (
+from mcpfleet.contract import (
     COMPONENT_LABEL,
     KEYRING_FILE,
     KEYRING_LABEL,
     KEYRING_NUDGE_ANNOTATION,
 )
-from mcpfleet.server.dev.fleet import FleetError, LocalFleet
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.dev.fleet import FleetError, LocalFleet
+from mcpfleet.keys.ring import KeyRing
 
 SERVER_COMPONENT = "server"
 #: The helm release of the chart in the fleet's namespace ("<release>-server" is the Deployment).

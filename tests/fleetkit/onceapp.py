@@ -14,7 +14,7 @@ import os
 from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
 
-from mcpfleet.server import Outcome, Question, ask_then, first_missing
+from mcpfleet import Outcome, Question, ask_then, first_missing
 
 EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
 

@@ -39,10 +39,10 @@ from fleetkit.controlplane import ControlPlane, free_port, repo_root, tail, wait
 from fleetkit.cpfleet import ControlPlaneFleet, control_plane_fleet
 from fleetkit.fleet import FleetOptions
 from fleetkit.helm import Helm
-from mcpfleet.operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, Mode, rotation_manifest
-from mcpfleet.operator.rotation import sealing_is_safe
-from mcpfleet.server.contract import RedisKeys
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet.contract import RedisKeys
+from mcpfleet.registry import read_replicas_sync
+from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, Mode, rotation_manifest
+from mcpfleet_operator.rotation import sealing_is_safe
 
 CHART = repo_root() / "charts" / "mcpfleet"
 RELEASE = "mcpfleet"
@@ -149,7 +149,7 @@ class OperatorProcess:
         return [
             sys.executable,
             "-m",
-            "mcpfleet.server.cli",
+            "mcpfleet.cli",
             "operator",
             "--namespace",
             self.namespace,
@@ -183,7 +183,6 @@ class OperatorProcess:
         env |= {
             "KUBECONFIG": str(self.kubeconfig),
             "MCPFLEET_REDIS_URL": self.redis_url,
-            "PYTHONSAFEPATH": "1",
             "PYTHONUNBUFFERED": "1",
         }
         if self.identity:
@@ -538,7 +537,7 @@ class RotationRecorder:
       a WATCH (no version is missed, however brief).
     - ``samples``: the serving replicas' attested kids, read from Redis every
       ``interval`` seconds; ``violations`` are the samples where the safety
-      invariant (:func:`~mcpfleet.operator.rotation.sealing_is_safe`) fails.
+      invariant (:func:`~mcpfleet_operator.rotation.sealing_is_safe`) fails.
     """
 
     def __init__(self, fleet: ControlPlaneFleet, admin: k8s.ApiClient, interval: float = 0.01):

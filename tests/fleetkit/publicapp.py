@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
 
-from mcpfleet.server import Outcome, Question, ask_then, first_missing
+from mcpfleet import Outcome, Question, ask_then, first_missing
 
 app = FastMCP("mcpfleet-public-api-test")
 

@@ -30,10 +30,10 @@ import redis
 
 from fleetkit.certs import CertificateAuthority
 from fleetkit.fleet import FleetOptions
-from mcpfleet.server.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
-from mcpfleet.server.dev.fleet import FleetError, LocalFleet, Proc, free_port
-from mcpfleet.server.dev.wait import wait_for
-from mcpfleet.server.registry import read_replicas_sync
+from mcpfleet.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
+from mcpfleet.dev.fleet import FleetError, LocalFleet, Proc, free_port
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.registry import read_replicas_sync
 
 #: What a server or sentinel not yet (or no longer) answering raises: "not yet".
 NOT_YET = (redis.RedisError, OSError)

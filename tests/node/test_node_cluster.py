@@ -90,12 +90,12 @@ def test_a_pod_of_the_image_runs_as_the_non_root_uid_of_the_dockerfile(
         api,
         node,
         namespace,
-        "import os, mcpfleet.server; print(os.getuid(), mcpfleet.server.__name__)",
+        "import os, mcpfleet; print(os.getuid(), mcpfleet.__name__)",
     )
     # The Dockerfile's USER 10001:10001, with no securityContext in the pod.
     # (containerd's CRI applies the image's UID but not its GID: pods that need
     # the group set runAsGroup, as the fleet's Deployment does.)
-    assert log.strip() == "10001 mcpfleet.server"
+    assert log.strip() == "10001 mcpfleet"
 
 
 def test_a_pod_resolves_the_api_service_and_calls_it_with_its_service_account_token(

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from fleetkit.wire import modern_call
-from mcpfleet.server.dev.fleet import free_port
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.wait import wait_for
 
 pytestmark = pytest.mark.packaging
 
@@ -34,7 +34,7 @@ WITHOUT_OPERATOR = "\n".join(
         "import sys",
         f"names = {OPERATOR_ONLY!r}",
         "for name in names: sys.modules[name] = None  # import raises ImportError",
-        "from mcpfleet.server.cli import main",
+        "from mcpfleet.cli import main",
         "code = main(sys.argv[1:])",
         "leaked = sorted(m for m in sys.modules if m.split('.')[0] in names and sys.modules[m])",
         "assert not leaked, leaked",
@@ -44,7 +44,7 @@ WITHOUT_OPERATOR = "\n".join(
 
 
 def _mcpfleet(*args: str, **kw: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    env = {**os.environ}
     return subprocess.Popen(
         [sys.executable, "-c", WITHOUT_OPERATOR, *args],
         cwd=ROOT,
@@ -75,7 +75,7 @@ def test_the_wheel_requires_kopf_and_kubernetes_only_with_the_operator_extra(
             if ln.startswith("Requires-Dist:")
         ]
         points = next(n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt"))
-        assert "operator = mcpfleet.operator.cli" in zf.read(points).decode()
+        assert "operator = mcpfleet_operator.cli" in zf.read(points).decode()
     plain = [r for r in requires if "extra ==" not in r]
     names = {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower() for r in plain}
     assert "fastmcp" in names and "redis" in names

@@ -1,8 +1,10 @@
-"""The folders server/ and operator/ import as mcpfleet.server and mcpfleet.operator.
+"""The source roots server/ and operator/ hold the packages mcpfleet and mcpfleet_operator.
 
-Proven for a built wheel and for the editable install, with the repository root
-as the working directory (where a package called ``operator`` would shadow the
-standard library).
+A file's path under its root is its import name, in a built wheel and in the
+editable install, and nothing at the repository root shadows the standard
+library: the plain interpreter, started in the root (where ``-c`` and ``-m``
+put the working directory on sys.path), still imports the standard library's
+``operator``.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.packaging
+
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = (
-    "import operator, json, mcpfleet.server, mcpfleet.operator, mcpfleet.server.cli;"
+    "import operator, collections, json, mcpfleet, mcpfleet_operator, mcpfleet.cli;"
     "assert operator.itemgetter(1)([0, 7]) == 7, 'stdlib operator shadowed';"
-    "print(mcpfleet.server.__file__);"
-    "print(list(mcpfleet.operator.__path__)[0])"
+    "assert collections.OrderedDict is not None;"
+    "print(mcpfleet.__file__);"
+    "print(mcpfleet_operator.__file__)"
 )
 
 
@@ -36,22 +41,34 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_editable_install_imports_from_the_folders() -> None:
+def test_the_repository_root_shadows_no_standard_library_module() -> None:
+    """``python -c`` and ``python -m`` put the working directory first on sys.path."""
+    out = _run(
+        [sys.executable, "-c", "import operator, collections; print(operator.__file__)"],
+        env=_env(),
+    )
+    assert Path(out.strip()).parent != ROOT / "operator"
+    assert not (ROOT / "operator" / "__init__.py").exists()
+    assert not (ROOT / "server" / "__init__.py").exists()
+
+
+def test_editable_install_imports_from_the_source_roots() -> None:
     out = _run([sys.executable, "-c", PROBE], env=_env()).split()
-    assert out[0] == str(ROOT / "server" / "__init__.py")
-    assert out[1] == str(ROOT / "operator")
+    assert out[0] == str(ROOT / "server" / "mcpfleet" / "__init__.py")
+    assert out[1] == str(ROOT / "operator" / "mcpfleet_operator" / "__init__.py")
 
 
 @pytest.mark.timeout(300)
-def test_built_wheel_maps_the_folders_under_mcpfleet(tmp_path: Path) -> None:
+def test_every_folder_of_the_source_roots_is_a_package_in_the_wheel(tmp_path: Path) -> None:
+    """A new sub-folder is packaged without a hand-kept list."""
     _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(ROOT)])
     (wheel,) = (tmp_path / "dist").glob("mcpfleet-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "mcpfleet/server/__init__.py" in names
-    assert "mcpfleet/server/example/app.py" in names
-    assert "mcpfleet/operator/rotation.py" in names
-    assert not any(n.startswith(("operator/", "server/", "tests/")) for n in names)
-    assert "operator/__init__.py" not in names and "mcpfleet/__init__.py" not in names
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for root in ("server", "operator"):
+        for source in (ROOT / root).rglob("*.py"):
+            assert str(source.relative_to(ROOT / root)) in names, source
+    assert "mcpfleet/py.typed" in names and "mcpfleet_operator/py.typed" in names
+    assert not any(n.startswith(("operator/", "server/", "tests/", "fleetkit/")) for n in names)
 
     target = tmp_path / "site"
     _run(
@@ -66,8 +83,28 @@ def test_built_wheel_maps_the_folders_under_mcpfleet(tmp_path: Path) -> None:
             str(target),
             str(wheel),
         ],
-        env=_env(PYTHONSAFEPATH="1"),
+        env=_env(),
     )
     out = _run([sys.executable, "-c", PROBE], env=_env(PYTHONPATH=str(target))).split()
-    assert out[0] == str(target / "mcpfleet" / "server" / "__init__.py")
-    assert out[1] == str(target / "mcpfleet" / "operator")
+    assert out[0] == str(target / "mcpfleet" / "__init__.py")
+    assert out[1] == str(target / "mcpfleet_operator" / "__init__.py")
+
+
+def test_the_old_import_path_warns_and_gives_the_same_modules() -> None:
+    probe = (
+        "import warnings; warnings.simplefilter('error');\n"
+        "import mcpfleet.guard, mcpfleet.example.app\n"
+        "try:\n"
+        "    import mcpfleet.server\n"
+        "except DeprecationWarning as e:\n"
+        "    print('warned:', e)\n"
+        "warnings.simplefilter('ignore')\n"
+        "import mcpfleet.server.guard as old, mcpfleet.server.example.app as old_app\n"
+        "from mcpfleet.server import ask_then\n"
+        "assert old is mcpfleet.guard and old_app is mcpfleet.example.app\n"
+        "assert ask_then is mcpfleet.guard.ask_then\n"
+        "print('same')\n"
+    )
+    out = _run([sys.executable, "-c", probe], env=_env())
+    assert "warned: the import path mcpfleet.server is deprecated" in out
+    assert out.strip().endswith("same")

@@ -10,10 +10,10 @@ from fastmcp import Client, Context, FastMCP
 from mcp.server.request_state import RequestStateBoundary
 from mcp_types import InputRequiredResult
 
-from mcpfleet.server import Question, ask_then, first_missing
-from mcpfleet.server.keys.codec import ReloadableCodec
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.replica.appload import TESTED_FASTMCP, check_fastmcp_version, install_codec
+from mcpfleet import Question, ask_then, first_missing
+from mcpfleet.keys.codec import ReloadableCodec
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.replica.appload import TESTED_FASTMCP, check_fastmcp_version, install_codec
 
 
 def _app() -> FastMCP[Any]:

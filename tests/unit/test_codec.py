@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from mcp.server.request_state import InvalidRequestState
 
-from mcpfleet.server.keys.codec import ReloadableCodec, token_kid
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.keys.codec import ReloadableCodec, token_kid
+from mcpfleet.keys.ring import KeyRing
 
 
 def test_tokens_survive_every_rotation_step_until_retire() -> None:

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from mcpfleet.server.cli import build_parser
-from mcpfleet.server.config import ReplicaConfig, RouterConfig
+from mcpfleet.cli import build_parser
+from mcpfleet.config import ReplicaConfig, RouterConfig
 
 #: Flags whose name differs from the config field they set.
 RENAMED = {"heartbeat": "heartbeat_interval", "redis": "redis_url", "keys": "keys_dir"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcpfleet.server.contract import Attestation, RedisKeys
+from mcpfleet.contract import Attestation, RedisKeys
 
 
 def test_redis_keys_are_scoped_by_fleet() -> None:

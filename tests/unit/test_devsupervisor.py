@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mcpfleet.server.dev.supervisor import BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER, Restarts, due
+from mcpfleet.dev.supervisor import BACKOFF_FIRST, BACKOFF_MAX, STABLE_AFTER, Restarts, due
 
 
 def test_an_exit_waits_its_back_off_then_restarts_and_the_next_back_off_doubles() -> None:

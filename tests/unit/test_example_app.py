@@ -8,8 +8,8 @@ import pytest
 from fastmcp import Client
 from mcp_types import ElicitResult
 
-from mcpfleet.server.dev.demo import default_answer
-from mcpfleet.server.example.app import app
+from mcpfleet.dev.demo import default_answer
+from mcpfleet.example.app import app
 
 ERAS = ["auto", "legacy"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from mcpfleet.server.replica.gate import GateState, ReplicaGate
+from mcpfleet.replica.gate import GateState, ReplicaGate
 
 
 async def fake_mcp(scope: Scope, receive: Receive, send: Send) -> None:

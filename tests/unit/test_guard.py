@@ -1,4 +1,4 @@
-"""mcpfleet's public guard API (``mcpfleet.server``), in memory, on both protocol eras."""
+"""mcpfleet's public guard API (``mcpfleet``), in memory, on both protocol eras."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from fastmcp import Client, Context, FastMCP
 from mcp_types import ElicitResult, InputRequiredResult
 
-import mcpfleet.server
+import mcpfleet
 from fleetkit.publicapp import app
-from mcpfleet.server import Outcome, Question, ask_then, first_missing
+from mcpfleet import Outcome, Question, ask_then, first_missing
 
 ERAS = ["auto", "legacy"]
 REPLIES = {"version": "2.0", "reviewers": 3, "pending": False, "now": True}
@@ -29,8 +29,8 @@ def _client(target: FastMCP[Any], action: str = "accept") -> Client[Any]:
 
 def test_the_public_api_is_exported_with_all() -> None:
     for name in ("Question", "Outcome", "ask", "ask_then", "first_missing", "is_modern"):
-        assert name in mcpfleet.server.__all__
-        assert getattr(mcpfleet.server, name) is getattr(mcpfleet.server.guard, name)
+        assert name in mcpfleet.__all__
+        assert getattr(mcpfleet, name) is getattr(mcpfleet.guard, name)
 
 
 @pytest.mark.parametrize("mode", ERAS)
@@ -85,7 +85,7 @@ def test_state_sealed_before_the_envelope_is_still_read() -> None:
     """A round sealed by a replica of the previous version, mid rolling update."""
     from types import SimpleNamespace
 
-    from mcpfleet.server.guard import _restore
+    from mcpfleet.guard import _restore
 
     legacy = SimpleNamespace(request_state=json.dumps({"date": "2026-12-24", "_pending": "seat"}))
     old = _restore(legacy)  # type: ignore[arg-type]
@@ -104,11 +104,11 @@ def test_the_contract_imports_without_fastmcp() -> None:
     import subprocess
     import sys
 
-    probe = "import sys, mcpfleet.server.contract; print('fastmcp' in sys.modules)"
+    probe = "import sys, mcpfleet.contract; print('fastmcp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        mcpfleet.server.nope  # noqa: B018
+        mcpfleet.nope  # noqa: B018
 
 
 @pytest.mark.parametrize("mode", ERAS)

@@ -1,4 +1,4 @@
-"""The Secret-volume files (server/keys/files.py): atomic publication and reading."""
+"""The Secret-volume files (server/mcpfleet/keys/files.py): atomic publication and reading."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keys.files import fingerprint, read_ring, write_ring, write_volume
-from mcpfleet.server.keys.ring import KeyRing, KeyRingError
+from mcpfleet.contract import KEYRING_FILE
+from mcpfleet.keys.files import fingerprint, read_ring, write_ring, write_volume
+from mcpfleet.keys.ring import KeyRing, KeyRingError
 
 
 def test_write_ring_lays_out_a_secret_volume(tmp_path: Path) -> None:

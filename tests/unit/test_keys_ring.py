@@ -8,8 +8,8 @@ import json
 import pytest
 from mcp.server.request_state import AESGCMRequestStateCodec
 
-from mcpfleet.server.keys.codec import token_kid
-from mcpfleet.server.keys.ring import KeyRing, KeyRingError, RingKey, compute_kid
+from mcpfleet.keys.codec import token_kid
+from mcpfleet.keys.ring import KeyRing, KeyRingError, RingKey, compute_kid
 
 
 def _doc(keys: list[dict[str, str]], phase: str = "stable", version: int = 1) -> bytes:

@@ -1,4 +1,4 @@
-"""The key ring watcher (server/keys/watch.py): good rings swap in, bad ones never do."""
+"""The key ring watcher (server/mcpfleet/keys/watch.py): good rings swap in, bad ones never do."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keys.codec import ReloadableCodec
-from mcpfleet.server.keys.files import write_ring, write_volume
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.keys.watch import KeyRingWatcher
+from mcpfleet.contract import KEYRING_FILE
+from mcpfleet.keys.codec import ReloadableCodec
+from mcpfleet.keys.files import write_ring, write_volume
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.keys.watch import KeyRingWatcher
 
 
 def test_watcher_swaps_good_rings_and_keeps_the_last_good_one(

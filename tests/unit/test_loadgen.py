@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+
 from benchkit.loadgen import (
     WrkResult,
     machine_ticks,
@@ -96,8 +97,8 @@ def test_collapsed_stacks_give_self_and_inclusive_shares() -> None:
     from benchkit.profile_summary import read_collapsed
 
     lines = [
-        "main (a.py:1);Router._route (server/router/proxy.py:10);leaf (b.py:3) 6",
-        "main (a.py:1);Router._route (server/router/proxy.py:12) 2",
+        "main (a.py:1);Router._route (server/mcpfleet/router/proxy.py:10);leaf (b.py:3) 6",
+        "main (a.py:1);Router._route (server/mcpfleet/router/proxy.py:12) 2",
         "main (a.py:2);f (c.py:4);f (c.py:9) 2",  # recursion counts once
         "not a stack line",
     ]
@@ -105,12 +106,12 @@ def test_collapsed_stacks_give_self_and_inclusive_shares() -> None:
     assert prof.samples == 10
     assert prof.top_self(2) == [
         ("leaf (b.py)", 0.6),
-        ("Router._route (server/router/proxy.py)", 0.2),
+        ("Router._route (server/mcpfleet/router/proxy.py)", 0.2),
     ]
     assert prof.inclusive["main (a.py)"] == 10
     assert prof.inclusive["f (c.py)"] == 2
-    assert prof.top_inclusive(1, within="server/router/") == [
-        ("Router._route (server/router/proxy.py)", 0.8)
+    assert prof.top_inclusive(1, within="server/mcpfleet/router/") == [
+        ("Router._route (server/mcpfleet/router/proxy.py)", 0.8)
     ]
 
 
@@ -120,9 +121,9 @@ def test_relay_share_counts_the_pump_tasks_outside_relay() -> None:
 
     prof = read_collapsed(
         [
-            "run (u.py:1);Upstream.relay (server/router/upstream.py:5) 3",
-            "run (u.py:1);_pump.<locals>.copy (server/router/upstream.py:9) 2",
-            "run (u.py:1);Upstream.open (server/router/upstream.py:2) 5",
+            "run (u.py:1);Upstream.relay (server/mcpfleet/router/upstream.py:5) 3",
+            "run (u.py:1);_pump.<locals>.copy (server/mcpfleet/router/upstream.py:9) 2",
+            "run (u.py:1);Upstream.open (server/mcpfleet/router/upstream.py:2) 5",
         ]
     )
     assert relay_path_share(prof) == 0.5

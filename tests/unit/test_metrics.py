@@ -12,9 +12,9 @@ from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, Inpu
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, generate_latest
 
-from mcpfleet.server import PrometheusMiddleware
-from mcpfleet.server.dev.demo import default_answer
-from mcpfleet.server.example.app import app
+from mcpfleet import PrometheusMiddleware
+from mcpfleet.dev.demo import default_answer
+from mcpfleet.example.app import app
 
 MODERN, HANDSHAKE = "auto", "legacy"
 ERA = {MODERN: "modern", HANDSHAKE: "handshake"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
-from mcpfleet.server.dev.localprom import (
+from mcpfleet.dev.localprom import (
     REPLICA_JOB,
     ROUNDS_GRAPH,
     ROUTER_JOB,

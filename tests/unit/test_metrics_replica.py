@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from fleetkit.wire import accept, modern_call
-from mcpfleet.server.keys.files import write_ring, write_volume
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.replica.metrics import REJECTION_REASONS, rejection_label
-from mcpfleet.server.replica.runtime import Replica, ReplicaConfig, build_asgi
+from mcpfleet.keys.files import write_ring, write_volume
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.replica.metrics import REJECTION_REASONS, rejection_label
+from mcpfleet.replica.runtime import Replica, ReplicaConfig, build_asgi
 
 URL = "http://testserver/mcp"
 
@@ -83,7 +83,7 @@ def test_replica_metrics_count_rounds_seals_and_unseals_by_kid(
     assert value(m, "mcpfleet_requeststate_seals_total", kid=kid) == 3
     assert value(m, "mcpfleet_requeststate_unseals_total", kid=kid) == 3
     assert value(m, "mcpfleet_keyring_info", kids=kid, phase="stable") == 1
-    assert value(m, "mcpfleet_replica_build_info", app="mcpfleet.server.example.app:app") == 1
+    assert value(m, "mcpfleet_replica_build_info", app="mcpfleet.example.app:app") == 1
     assert value(m, "mcpfleet_replica_ready") == 1
     assert value(m, "mcpfleet_replica_draining") == 0
 
@@ -167,7 +167,7 @@ def test_no_rejection_counting_outlives_the_replica(replica: Replica) -> None:
 
 
 def test_replicas_of_one_app_object_never_stack_middlewares(tmp_path: Path) -> None:
-    from mcpfleet.server.replica.middleware import PrometheusMiddleware
+    from mcpfleet.replica.middleware import PrometheusMiddleware
 
     write_ring(tmp_path / "keys", KeyRing.generate())
     config = ReplicaConfig(keys_dir=tmp_path / "keys")

@@ -10,8 +10,8 @@ from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.tools.base import ToolResult
 
-from mcpfleet.server.contract import RedisKeys
-from mcpfleet.server.once import (
+from mcpfleet.contract import RedisKeys
+from mcpfleet.once import (
     ONCE_META_KEY,
     FlowUnavailable,
     LedgerUnavailable,

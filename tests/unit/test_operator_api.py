@@ -10,7 +10,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from mcpfleet.operator.api import (
+from mcpfleet.contract import KEYRING_FILE
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet_operator.api import (
     KEYRING_REF_LABEL,
     KeyRingSpec,
     RotationSpec,
@@ -19,10 +21,8 @@ from mcpfleet.operator.api import (
     rotation_manifest,
     selector_string,
 )
-from mcpfleet.operator.metrics import OperatorMetrics
-from mcpfleet.operator.secretring import ring_of
-from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet_operator.metrics import OperatorMetrics
+from mcpfleet_operator.secretring import ring_of
 
 pytestmark = pytest.mark.unit
 
@@ -184,7 +184,7 @@ def test_the_metric_names_are_the_contract() -> None:
 
 
 def test_rotate_wait_prints_phase_convergence_lagging_and_stalls() -> None:
-    from mcpfleet.operator.cli import progress_line
+    from mcpfleet_operator.cli import progress_line
 
     assert progress_line({}) == "Pending"
     line = progress_line(
@@ -201,7 +201,7 @@ def test_rotate_wait_prints_phase_convergence_lagging_and_stalls() -> None:
 
 
 def test_rotate_status_prints_the_ring_and_its_history(capsys: pytest.CaptureFixture[str]) -> None:
-    from mcpfleet.operator.cli import print_status
+    from mcpfleet_operator.cli import print_status
 
     keyring = {
         "metadata": {"name": "keys", "namespace": "ns"},
@@ -266,7 +266,7 @@ class _FakeCore:
 
 
 def test_every_secret_write_carries_the_version_it_read_and_a_stale_one_is_refused() -> None:
-    from mcpfleet.operator import secretring
+    from mcpfleet_operator import secretring
 
     ring = KeyRing.generate()
     store = _FakeCore(
@@ -307,8 +307,8 @@ def test_the_keyrotation_manifest_is_labelled_and_named_one_way() -> None:
 
 
 def test_a_step_write_refuses_a_secret_without_a_ring() -> None:
-    from mcpfleet.operator import secretring
-    from mcpfleet.server.keys.ring import KeyRingError
+    from mcpfleet.keys.ring import KeyRingError
+    from mcpfleet_operator import secretring
 
     empty = secretring.ring_of(k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="s"), data={}))
     with pytest.raises(KeyRingError, match=r"no keyring\.json"):

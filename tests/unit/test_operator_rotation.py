@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from mcpfleet.operator.rotation import (
+from mcpfleet_operator.rotation import (
     Convergence,
     Decision,
     Observed,

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from mcpfleet.operator.rotation import Convergence, Decision, PodView, QueueEntry, converge
-from mcpfleet.operator.status import (
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet_operator.rotation import Convergence, Decision, PodView, QueueEntry, converge
+from mcpfleet_operator.status import (
     changed,
     condition,
     keyring_invalid,
@@ -20,7 +21,6 @@ from mcpfleet.operator.status import (
     rotation_progress,
     rotation_waiting,
 )
-from mcpfleet.server.keys.ring import KeyRing
 
 pytestmark = pytest.mark.unit
 
@@ -189,7 +189,7 @@ def test_phase_events_announce_each_phase_and_warn_on_a_skipped_ttl() -> None:
 
 
 def test_the_phase_clock_times_the_phase_a_step_leaves() -> None:
-    from mcpfleet.operator.runtime import Clock
+    from mcpfleet_operator.runtime import Clock
 
     clock = Clock()
     assert clock.advance("Pending", "Staging", now=10.0) == 0.0  # unseen phase: from now
@@ -202,7 +202,7 @@ def test_the_phase_clock_times_the_phase_a_step_leaves() -> None:
 
 
 def test_a_lost_ttl_clock_starts_the_full_ttl_again() -> None:
-    from mcpfleet.operator.runtime import Clock
+    from mcpfleet_operator.runtime import Clock
 
     clock = Clock()
     assert not clock.ttl_elapsed(waiting=False, ttl=0.0), "no TTL runs before Waiting"

@@ -23,9 +23,10 @@ def table_modules(readme: str) -> list[str]:
 
 
 def module_file(name: str) -> Path | None:
-    """Where module ``name`` lives: ``operator.x`` in operator/, anything else in server/."""
+    """Where module ``name`` lives: ``operator.x`` is ``mcpfleet_operator.x``, anything else
+    ``mcpfleet.<name>``; each under its source root, where the path is the import name."""
     first, *rest = name.split(".")
-    parts = rest if first == "operator" else [first, *rest]
+    parts = ["mcpfleet_operator", *rest] if first == "operator" else ["mcpfleet", first, *rest]
     base = ROOT / ("operator" if first == "operator" else "server")
     for candidate in (
         base.joinpath(*parts).with_suffix(".py"),

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from fleetkit.certs import CertificateAuthority
-from mcpfleet.server import redisconn
-from mcpfleet.server.cli import main
-from mcpfleet.server.contract import REDIS_COMPONENTS, RedisKeys
-from mcpfleet.server.redisconn import (
+from mcpfleet import redisconn
+from mcpfleet.cli import main
+from mcpfleet.contract import REDIS_COMPONENTS, RedisKeys
+from mcpfleet.redisconn import (
     FilePassword,
     RedisConfigError,
     RedisFiles,
@@ -274,7 +274,7 @@ def test_the_operator_refuses_a_password_in_its_environment(tmp_path: Path) -> N
     env = {**os.environ, "MCPFLEET_REDIS_URL": f"redis://op:{SECRET}@127.0.0.1:1/0"}
     env["KUBECONFIG"] = str(tmp_path / "no-kubeconfig")
     result = subprocess.run(
-        [sys.executable, "-m", "mcpfleet.server.cli", "operator", "-n", "x"],
+        [sys.executable, "-m", "mcpfleet.cli", "operator", "-n", "x"],
         env=env,
         capture_output=True,
         text=True,

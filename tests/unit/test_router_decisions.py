@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from mcpfleet.server.router.decisions import (
+from mcpfleet.router.decisions import (
     Candidate,
     OriginPolicy,
     RouteKind,

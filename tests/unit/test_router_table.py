@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.router import table as router_table
-from mcpfleet.server.router.table import Health, ReplicaView, ViewState, merge_registry
+from mcpfleet.contract import Attestation, RedisKeys
+from mcpfleet.router import table as router_table
+from mcpfleet.router.table import Health, ReplicaView, ViewState, merge_registry
 
 
 def _att(name: str, heartbeat: float, state: str = "serving") -> Attestation:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-import mcpfleet.server
+import mcpfleet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +21,7 @@ def _written_version() -> str:
 
 
 def test_the_package_reports_the_version_pyproject_declares() -> None:
-    assert mcpfleet.server.__version__ == _written_version()
+    assert mcpfleet.__version__ == _written_version()
 
 
 def test_the_charts_app_version_equals_it() -> None:

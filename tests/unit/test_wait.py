@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from mcpfleet.server.dev.wait import WaitTimeout, wait_for
+from mcpfleet.dev.wait import WaitTimeout, wait_for
 
 
 def test_returns_the_first_truthy_value() -> None:

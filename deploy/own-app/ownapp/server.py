@@ -38,7 +38,7 @@ from fastmcp.server.dependencies import get_access_token
 from mcp_types import InputRequiredResult
 from pydantic import AnyHttpUrl, Field
 
-from mcpfleet.server import Outcome, Question, ask_then, first_missing
+from mcpfleet import Outcome, Question, ask_then, first_missing
 
 __all__ = ["ConfigError", "create_app"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mcpfleet.server.client import Answerer, Era, Round, Trace, connect, default_answer
+from mcpfleet.client import Answerer, Era, Round, Trace, connect, default_answer
 
 __all__ = ["Answerer", "Era", "Round", "Trace", "connect", "default_answer", "run_demo"]
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from mcpfleet.server import redisconn
-from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.dev.localprom import (
+from mcpfleet import redisconn
+from mcpfleet.contract import Attestation, RedisKeys
+from mcpfleet.dev.localprom import (
     REPLICA_JOB,
     ROUTER_JOB,
     RULES_FILE,
@@ -35,11 +35,11 @@ from mcpfleet.server.dev.localprom import (
     find_prometheus,
     graph_url,
 )
-from mcpfleet.server.dev.wait import WaitTimeout, wait_for
-from mcpfleet.server.keys.files import read_ring, write_ring
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.registry import read_replicas_sync
-from mcpfleet.server.replica.appload import DEFAULT_APP
+from mcpfleet.dev.wait import WaitTimeout, wait_for
+from mcpfleet.keys.files import read_ring, write_ring
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.registry import read_replicas_sync
+from mcpfleet.replica.appload import DEFAULT_APP
 
 
 class FleetError(RuntimeError):
@@ -114,7 +114,7 @@ class Proc:
 
 
 def mcpfleet_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "mcpfleet.server.cli", *args]
+    return [sys.executable, "-m", "mcpfleet.cli", *args]
 
 
 @dataclass
@@ -166,7 +166,6 @@ class LocalFleet:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["PYTHONSAFEPATH"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.extra_env)
         return env

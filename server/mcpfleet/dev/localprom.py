@@ -27,7 +27,7 @@ from typing import Any
 
 #: The alert rules, where a source checkout (or editable install) has them.
 RULES_FILE = (
-    Path(__file__).resolve().parents[2] / "charts" / "mcpfleet" / "rules" / ("mcpfleet.rules.yaml")
+    Path(__file__).resolve().parents[3] / "charts" / "mcpfleet" / "rules" / ("mcpfleet.rules.yaml")
 )
 
 #: Job names: the chart's ServiceMonitors use the same.

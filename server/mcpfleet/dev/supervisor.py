@@ -17,8 +17,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mcpfleet.server.dev.fleet import LocalFleet, Proc
-from mcpfleet.server.dev.wait import wait_for
+from mcpfleet.dev.fleet import LocalFleet, Proc
+from mcpfleet.dev.wait import wait_for
 
 #: First and longest wait before restarting something that exited.
 BACKOFF_FIRST = 0.5

@@ -1,7 +1,7 @@
 """The example app mcpfleet serves by default: guard tools that ask their users for input.
 
 Every tool serves both protocol eras from one definition, written against
-mcpfleet's public API (:mod:`mcpfleet.server.guard`): on 2026-07-28 it returns an
+mcpfleet's public API (:mod:`mcpfleet.guard`): on 2026-07-28 it returns an
 ``InputRequiredResult`` and carries its progress in the sealed
 ``request_state``, so each round may land on any replica; on a handshake-era
 session it calls ``ctx.elicit`` and pauses in the replica that owns the session.
@@ -22,7 +22,7 @@ from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel, Field
 
-from mcpfleet.server import Answers, Outcome, Question, ask_then, first_missing
+from mcpfleet import Answers, Outcome, Question, ask_then, first_missing
 
 #: The app's name. `mcpfleet serve` replaces its request-state policy with one
 #: over the fleet's shared key ring and one audience for every replica

@@ -11,11 +11,11 @@ router?
 It is also a second example of writing tools for the fleet: the tools that ask
 the user for input (``test_elicitation``, ``test_elicitation_sep1034_defaults``,
 ``test_elicitation_sep1330_enums``) go through mcpfleet's guard API
-(:func:`mcpfleet.server.ask_then`), so they serve both protocol eras from one
+(:func:`mcpfleet.ask_then`), so they serve both protocol eras from one
 definition, and ``test_sampling`` shows the same two-era shape by hand for a
 sampling request.
 
-Run it with ``mcpfleet dev --app mcpfleet.server.example.conformance:app``.
+Run it with ``mcpfleet dev --app mcpfleet.example.conformance:app``.
 
 What the installed fastmcp does not offer, and so this app does not fake:
 
@@ -62,8 +62,8 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field
 
-from mcpfleet.server import Outcome, Question, ask_then, first_missing
-from mcpfleet.server.guard import is_modern
+from mcpfleet import Outcome, Question, ask_then, first_missing
+from mcpfleet.guard import is_modern
 
 app = FastMCP(
     "mcpfleet-conformance",

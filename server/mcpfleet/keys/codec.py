@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from mcp.server.request_state import AESGCMRequestStateCodec, InvalidRequestState
 
-from mcpfleet.server.keys.ring import KeyRing
+from mcpfleet.keys.ring import KeyRing
 
 _PREFIX = "v1."
 

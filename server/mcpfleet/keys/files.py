@@ -18,8 +18,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcpfleet.server.contract import KEYRING_FILE
-from mcpfleet.server.keys.ring import MAX_DOCUMENT_BYTES, KeyRing, KeyRingError
+from mcpfleet.contract import KEYRING_FILE
+from mcpfleet.keys.ring import MAX_DOCUMENT_BYTES, KeyRing, KeyRingError
 
 DATA_LINK = "..data"
 

@@ -31,7 +31,7 @@ from typing import Any
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from mcpfleet.server.contract import KEYRING_FORMAT_VERSION, RING_PHASES, RingPhase
+from mcpfleet.contract import KEYRING_FORMAT_VERSION, RING_PHASES, RingPhase
 
 #: The minimum secret size ``mcp`` accepts, and what ``generate`` makes.
 MIN_SECRET_BYTES = 32

@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from mcpfleet.server.keys.codec import ReloadableCodec
-from mcpfleet.server.keys.files import fingerprint, read_snapshot
-from mcpfleet.server.keys.ring import KeyRing, KeyRingError
+from mcpfleet.keys.codec import ReloadableCodec
+from mcpfleet.keys.files import fingerprint, read_snapshot
+from mcpfleet.keys.ring import KeyRing, KeyRingError
 
 log = logging.getLogger("mcpfleet.keyring")
 

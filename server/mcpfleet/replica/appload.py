@@ -24,8 +24,8 @@ import fastmcp
 from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 
-from mcpfleet.server.config import DEFAULT_APP as DEFAULT_APP  # re-exported: its old home
-from mcpfleet.server.keys.codec import ReloadableCodec
+from mcpfleet.config import DEFAULT_APP as DEFAULT_APP  # re-exported: its old home
+from mcpfleet.keys.codec import ReloadableCodec
 
 
 class AppLoadError(Exception):

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpfleet.server.contract import (
+from mcpfleet.contract import (
     DRAINING_HEADER,
     REPLICA_HEADER,
     SESSION_ENDED_HEADER,
     SESSION_HEADER,
 )
-from mcpfleet.server.httpio import jsonrpc_error, send_whole
+from mcpfleet.httpio import jsonrpc_error, send_whole
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()
 _ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")

@@ -1,7 +1,7 @@
 """A replica's own Prometheus metrics: request state, the key ring, and the process.
 
 One place for their names, labels and meaning (the rounds themselves are
-counted by :class:`~mcpfleet.server.replica.middleware.PrometheusMiddleware`, registered
+counted by :class:`~mcpfleet.replica.middleware.PrometheusMiddleware`, registered
 in the same registry and served on the same ``/metrics``):
 
 * ``mcpfleet_requeststate_seals_total{kid}`` / ``..._unseals_total{kid}``: which
@@ -40,10 +40,10 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from mcpfleet.server import __version__
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.once import OnceOutcome
-from mcpfleet.server.replica.gate import GateState
+from mcpfleet import __version__
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.once import OnceOutcome
+from mcpfleet.replica.gate import GateState
 
 #: The logger ``mcp``'s request-state boundary reports every rejection on.
 BOUNDARY_LOGGER: Final = "mcp.server.request_state"

@@ -32,7 +32,7 @@ Use it in any FastMCP app::
 
     from prometheus_client import generate_latest
     from starlette.responses import Response
-    from mcpfleet.server import PrometheusMiddleware
+    from mcpfleet import PrometheusMiddleware
 
     mcp.add_middleware(PrometheusMiddleware())  # prometheus_client's default registry
 

@@ -4,15 +4,15 @@
 valid key ring (a replica that cannot unseal other replicas' tokens would fail
 every modern continuation routed to it), then serves under uvicorn with:
 
-* a :class:`~mcpfleet.server.keys.watch.KeyRingWatcher` reloading the ring;
-* a :class:`~mcpfleet.server.registry.Publisher` attesting the LOADED ring's
+* a :class:`~mcpfleet.keys.watch.KeyRingWatcher` reloading the ring;
+* a :class:`~mcpfleet.registry.Publisher` attesting the LOADED ring's
   kids, the replica's address, state and load (when Redis is configured);
 * Prometheus metrics on ``/metrics``: the app's rounds (a
-  :class:`~mcpfleet.server.replica.middleware.PrometheusMiddleware`, added unless the app
+  :class:`~mcpfleet.replica.middleware.PrometheusMiddleware`, added unless the app
   has one), request state and key ring, sessions and drain state
-  (:mod:`mcpfleet.server.replica.metrics`);
+  (:mod:`mcpfleet.replica.metrics`);
 * the once-ledger of ``ask_then(..., once=True)`` flows
-  (:mod:`mcpfleet.server.once`): the fleet's Redis when configured, so a final
+  (:mod:`mcpfleet.once`): the fleet's Redis when configured, so a final
   round replayed on any replica runs ``finish`` once; this process's memory
   when standalone;
 * drain on SIGTERM: the replica attests ``draining`` and refuses new work at
@@ -34,25 +34,25 @@ import uvicorn
 from prometheus_client import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcpfleet.server.config import ReplicaConfig
-from mcpfleet.server.contract import (
+from mcpfleet.config import ReplicaConfig
+from mcpfleet.contract import (
     MCP_PATH,
     Attestation,
     RedisKeys,
 )
-from mcpfleet.server.httpio import send_whole
-from mcpfleet.server.keys.codec import ReloadableCodec
-from mcpfleet.server.keys.files import read_ring
-from mcpfleet.server.keys.ring import KeyRing
-from mcpfleet.server.keys.watch import KeyRingWatcher
-from mcpfleet.server.once import Ledger, MemoryLedger, RedisLedger, install_ledger
-from mcpfleet.server.once import settle as settle_once
-from mcpfleet.server.registry import Publisher, connect, redact_url
-from mcpfleet.server.replica.appload import install_codec, load_app
-from mcpfleet.server.replica.gate import GateState, ReplicaGate
-from mcpfleet.server.replica.metrics import ReplicaMetrics
-from mcpfleet.server.replica.middleware import PrometheusMiddleware
-from mcpfleet.server.sigterm import SigtermFirstServer
+from mcpfleet.httpio import send_whole
+from mcpfleet.keys.codec import ReloadableCodec
+from mcpfleet.keys.files import read_ring
+from mcpfleet.keys.ring import KeyRing
+from mcpfleet.keys.watch import KeyRingWatcher
+from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
+from mcpfleet.once import settle as settle_once
+from mcpfleet.registry import Publisher, connect, redact_url
+from mcpfleet.replica.appload import install_codec, load_app
+from mcpfleet.replica.gate import GateState, ReplicaGate
+from mcpfleet.replica.metrics import ReplicaMetrics
+from mcpfleet.replica.middleware import PrometheusMiddleware
+from mcpfleet.sigterm import SigtermFirstServer
 
 log = logging.getLogger("mcpfleet.replica")
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope
 
-from mcpfleet.server.config import RouterConfig
-from mcpfleet.server.router.decisions import OriginPolicy, refused_origin, session_ids
+from mcpfleet.config import RouterConfig
+from mcpfleet.router.decisions import OriginPolicy, refused_origin, session_ids
 
 
 @dataclass(frozen=True)

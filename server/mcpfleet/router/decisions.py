@@ -2,7 +2,7 @@
 
 Which kind of request is this, which replica takes a new session, which takes
 a stateless round, and is a client-supplied session id even well-formed. The
-proxy (:mod:`mcpfleet.server.router.proxy`) does the I/O around these.
+proxy (:mod:`mcpfleet.router.proxy`) does the I/O around these.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcpfleet.server.contract import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpfleet.contract import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 
 _SESSION = SESSION_HEADER.lower()
 _PROTOCOL_VERSION = PROTOCOL_VERSION_HEADER.lower()

@@ -27,8 +27,8 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from mcpfleet.server.contract import ROUTER_ERROR_HEADER
-from mcpfleet.server.httpio import jsonrpc_error
+from mcpfleet.contract import ROUTER_ERROR_HEADER
+from mcpfleet.httpio import jsonrpc_error
 
 
 def _raw_response(status: bytes, content_type: bytes, body: bytes, extra: bytes = b"") -> bytes:

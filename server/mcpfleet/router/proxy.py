@@ -1,6 +1,6 @@
 """The sticky router: an ASGI reverse proxy in front of the replicas.
 
-Per request (see :mod:`mcpfleet.server.router.decisions` for the pure decisions):
+Per request (see :mod:`mcpfleet.router.decisions` for the pure decisions):
 
 * ``Mcp-Session-Id`` present: to the session's owner (cache, then Redis). An
   owner that is gone, unknown, or refuses the connection gets the spec's 404
@@ -11,10 +11,10 @@ Per request (see :mod:`mcpfleet.server.router.decisions` for the pure decisions)
 * everything else (modern era, sessionless): to any serving replica, chosen
   by power of two choices on requests in flight, with no Redis on the path.
 
-A request is first read whole and judged (:mod:`~mcpfleet.server.router.admission`:
+A request is first read whole and judged (:mod:`~mcpfleet.router.admission`:
 routing needs the body, read within a size and a time bound); the response,
 streams included, then passes through unbuffered
-(:mod:`~mcpfleet.server.router.upstream`). A client that goes away tears down
+(:mod:`~mcpfleet.router.upstream`). A client that goes away tears down
 the upstream request, and vice versa. Requests that no replica processed
 (refused connection, a draining replica's 503) are resent to another replica;
 nothing else is retried.
@@ -28,7 +28,7 @@ another router); then uvicorn's graceful shutdown lets what is in flight finish
 pooled connection could meet that connection's close and be lost unanswered.
 
 :class:`Router` decides and keeps the books (in flight, sessions, latency,
-outcomes); it forwards through :class:`~mcpfleet.server.router.upstream.Upstream`.
+outcomes); it forwards through :class:`~mcpfleet.router.upstream.Upstream`.
 """
 
 from __future__ import annotations
@@ -44,18 +44,18 @@ from typing import Any
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from mcpfleet.server.config import RouterConfig
-from mcpfleet.server.contract import (
+from mcpfleet.config import RouterConfig
+from mcpfleet.contract import (
     DRAINING_HEADER,
     ROUTER_ERROR_HEADER,
     SESSION_HEADER,
     RedisKeys,
 )
-from mcpfleet.server.httpio import jsonrpc_error, send_whole
-from mcpfleet.server.redisconn import follow_master
-from mcpfleet.server.registry import connect, redact_url
-from mcpfleet.server.router.admission import ClientGone, Rejection, admit
-from mcpfleet.server.router.decisions import (
+from mcpfleet.httpio import jsonrpc_error, send_whole
+from mcpfleet.redisconn import follow_master
+from mcpfleet.registry import connect, redact_url
+from mcpfleet.router.admission import ClientGone, Rejection, admit
+from mcpfleet.router.decisions import (
     OriginPolicy,
     RouteKind,
     classify,
@@ -64,16 +64,16 @@ from mcpfleet.server.router.decisions import (
     place_session,
     valid_session_id,
 )
-from mcpfleet.server.router.metrics import RouterMetrics
-from mcpfleet.server.router.table import (
+from mcpfleet.router.metrics import RouterMetrics
+from mcpfleet.router.table import (
     Health,
     LookupSource,
     RedisDown,
     ReplicaView,
     SessionTable,
 )
-from mcpfleet.server.router.upstream import Dropped, Failure, Upstream, session_ended
-from mcpfleet.server.sigterm import SigtermFirstServer
+from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
+from mcpfleet.sigterm import SigtermFirstServer
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -466,7 +466,7 @@ class ClosingServer(SigtermFirstServer):
 
 
 def router_server(config: RouterConfig) -> ClosingServer:
-    from mcpfleet.server.router.http import bounded_protocol
+    from mcpfleet.router.http import bounded_protocol
 
     router = Router(config)
     uv_config = uvicorn.Config(

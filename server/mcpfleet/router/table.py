@@ -25,10 +25,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from mcpfleet.server.contract import Attestation, RedisKeys
-from mcpfleet.server.redisconn import describe
-from mcpfleet.server.registry import read_replicas
-from mcpfleet.server.router.decisions import Candidate
+from mcpfleet.contract import Attestation, RedisKeys
+from mcpfleet.redisconn import describe
+from mcpfleet.registry import read_replicas
+from mcpfleet.router.decisions import Candidate
 
 log = logging.getLogger("mcpfleet.router")
 

@@ -4,7 +4,7 @@
 one retry on a fresh connection when a pooled one proves stale), and relays
 the response body chunk by chunk until either side ends. Choosing the
 replica, counting requests in flight, recording sessions and timing live
-around it, in :class:`~mcpfleet.server.router.proxy.Router`.
+around it, in :class:`~mcpfleet.router.proxy.Router`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
-from mcpfleet.server.contract import (
+from mcpfleet.contract import (
     DRAINING_HEADER,
     REPLICA_HEADER,
     ROUTER_ERROR_HEADER,
