@@ -79,19 +79,19 @@ conformance-suite:
 conformance: venv deps
 	command -v npm >/dev/null || bash hack/ensure-debs.sh npm
 	bash hack/conformance/install.sh $(CACHE)/conformance
-	PYTHONPATH=tests $(PY) -m fleetkit.conformance $(CONFORMANCE_ARGS)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.conformance $(CONFORMANCE_ARGS)
 
 test-conformance: venv deps conformance-suite
 	$(PY) -m pytest tests -m conformance
 
 # Speed and memory, measured side by side (router vs direct vs nginx); prints a table.
 bench: venv deps bench-deps
-	PYTHONPATH=tests $(PY) -m benchkit.bench $(BENCH_ARGS)
+	PYTHONPATH=hack/devkit $(PY) -m benchkit.bench $(BENCH_ARGS)
 
 # The router as it is against the router of an earlier commit (REF), side by side
 # in front of the same replicas: make bench-ref REF=629218f
 bench-ref: venv deps bench-deps
-	PYTHONPATH=tests $(PY) -m benchkit.refbench $(REF)
+	PYTHONPATH=hack/devkit $(PY) -m benchkit.refbench $(REF)
 
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
 # alert rules checked and unit-tested with promtool.
@@ -122,17 +122,17 @@ test-e2e: venv deps tools $(if $(filter local,$(PROVIDER)),node-deps image,image
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.
 # NODE=1: a real node too (containerd, kubelet, scheduler, kube-proxy), pods on a bridge.
 cluster-up: venv tools $(if $(NODE),node-deps image)
-	PYTHONPATH=tests $(PY) -m fleetkit.cluster up $(if $(NODE),--node) $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster up $(if $(NODE),--node) $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
 
 cluster-down: venv
-	PYTHONPATH=tests $(PY) -m fleetkit.cluster down
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster down
 
 # IMAGE=localhost/myapp:1: an image from buildah/podman's (or Docker's) local
 # storage into the running node's containerd (make cluster-up NODE=1); prints
 # `loaded: <name>`.
 node-load: venv
 	@test -n "$(IMAGE)" || { echo "make node-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
-	PYTHONPATH=tests $(PY) -m fleetkit.nodeload $(IMAGE)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.nodeload $(IMAGE)
 
 # A kind cluster (1 control plane + 2 workers) on a node image made here from the
 # hack/tools pins (hack/kind/node-image.sh, no registry): Docker where it answers,
@@ -145,7 +145,7 @@ kind-image:
 
 kind-up: venv image
 	bash hack/ensure-debs.sh kind node
-	PYTHONPATH=tests $(PY) -m fleetkit.kind up
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind up
 
 # IMAGE=localhost/myapp:1 [KIND_CLUSTER=name]: an image from buildah/podman's
 # (or Docker's) local storage into every node of the kind cluster; prints
@@ -153,10 +153,10 @@ kind-up: venv image
 KIND_CLUSTER ?= mcpfleet
 kind-load: venv
 	@test -n "$(IMAGE)" || { echo "make kind-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
-	PYTHONPATH=tests $(PY) -m fleetkit.kind load $(IMAGE) --name $(KIND_CLUSTER)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind load $(IMAGE) --name $(KIND_CLUSTER)
 
 kind-down: venv
-	PYTHONPATH=tests $(PY) -m fleetkit.kind down
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind down
 
 
 clean:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit.fleet import TESTS_DIR, FleetOptions, diagnostics, local_fleet, running
+from fleetkit.fleet import DEVKIT_DIR, FleetOptions, diagnostics, local_fleet, running
 from fleetkit.jwtkit import TokenIssuer
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.selftest import metadata_url, selftest
@@ -83,7 +83,7 @@ async def test_selftest_with_an_auth_app_sees_the_401_and_its_metadata_in_each_e
         tmp_path / "fleet",
         replicas=2,
         app="ownapp.server:mcp",
-        extra_env={**env, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(own_app)])},
+        extra_env={**env, "PYTHONPATH": os.pathsep.join([str(DEVKIT_DIR), str(own_app)])},
     )
     with running(fleet, diagnostics):
         lines: list[str] = []

@@ -1,7 +1,7 @@
 """A whole fleet on 127.0.0.1 as child processes: redis-server, replicas, routers.
 
 What ``mcpfleet dev`` runs, and what the fleet-tier tests drive (through the
-``Fleet`` interface in ``tests/fleetkit``). Every component is the real one,
+``Fleet`` interface in ``hack/devkit/fleetkit``). Every component is the real one,
 started as ``mcpfleet serve`` / ``mcpfleet router`` processes; the key ring
 lives in one local directory laid out like a Secret volume, shared by the
 replicas, and is rotated with the same steps the operator performs.

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from fleetkit.fleet import TESTS_DIR
+from fleetkit.fleet import DEVKIT_DIR
 from fleetkit.onceapp import EFFECTS_ENV
 from fleetkit.wire import accept, modern_call
 from mcpfleet.dev.fleet import LocalFleet
@@ -49,7 +49,7 @@ def once_rows(quick: bool) -> list[Row]:
         replicas=1,
         fleet="once",
         app="fleetkit.onceapp:app",
-        extra_env={"PYTHONPATH": str(TESTS_DIR), EFFECTS_ENV: str(work / "effects.log")},
+        extra_env={"PYTHONPATH": str(DEVKIT_DIR), EFFECTS_ENV: str(work / "effects.log")},
     )
     lf.start()
     try:

@@ -25,7 +25,7 @@ from benchkit.loadgen import WrkResult, cpu_seconds, run_wrk
 from benchkit.profilebench import start_extra_router
 from mcpfleet.dev.fleet import LocalFleet, Proc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def checkout(ref: str, into: Path) -> tuple[Path, str]:

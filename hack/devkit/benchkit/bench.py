@@ -4,7 +4,7 @@ Prints one table. Every figure comes from this run on this machine; targets are
 ratios (router vs direct, router vs nginx), never absolute times, and nothing
 here asserts: a benchmark reports, tests prove behaviour.
 
-    PYTHONPATH=tests .venv/bin/python -m benchkit.bench [--quick]
+    PYTHONPATH=hack/devkit .venv/bin/python -m benchkit.bench [--quick]
 """
 
 from __future__ import annotations

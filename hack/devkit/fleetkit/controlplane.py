@@ -81,8 +81,8 @@ class _PortTaken(ControlPlaneError):
 
 
 def repo_root() -> Path:
-    """The checkout this file belongs to (tests/fleetkit/ is two levels down)."""
-    return Path(__file__).resolve().parents[2]
+    """The checkout this file belongs to (hack/devkit/fleetkit/ is three levels down)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def tools_bin_dir() -> Path:

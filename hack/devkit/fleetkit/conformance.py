@@ -46,7 +46,7 @@ from pathlib import Path
 from fleetkit.conformance_modern import ModernResult, modern_table, run_modern
 from mcpfleet.dev.fleet import FleetError, LocalFleet
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TESTS_DIR = REPO / "tests"
 PACKAGE_JSON = REPO / "hack" / "conformance" / "package.json"
 INSTALLER = REPO / "hack" / "conformance" / "install.sh"

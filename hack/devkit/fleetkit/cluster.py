@@ -56,7 +56,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.node and args.fleet:
         print(
             "--fleet runs the replicas as local processes; with --node, run them as pods "
-            "(tests/fleetkit/nodefleet.py) instead: use one or the other",
+            "(hack/devkit/fleetkit/nodefleet.py) instead: use one or the other",
             file=sys.stderr,
         )
         return 2

@@ -22,7 +22,8 @@ from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.replica.appload import DEFAULT_APP
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
+#: The import root of fleetkit and benchkit (hack/devkit/).
+DEVKIT_DIR = Path(__file__).resolve().parents[1]
 
 F = TypeVar("F", bound=LocalFleet)
 
@@ -74,9 +75,9 @@ def require_redis() -> str:
 class FleetOptions:
     """What every backend's fleet is made of, whichever backend runs it.
 
-    ``app`` may also name a test app in ``tests/fleetkit``: tests/ is on the
-    replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
-    ``PYTHONPATH`` goes after tests/). ``port``: the first router's (default: free).
+    ``app`` may also name a test app in ``hack/devkit/fleetkit``: hack/devkit/ is on
+    the replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
+    ``PYTHONPATH`` goes after hack/devkit/). ``port``: the first router's (default: free).
     """
 
     replicas: int = 3
@@ -96,7 +97,7 @@ class FleetOptions:
 
     def fleet_fields(self) -> dict[str, Any]:
         """The :class:`LocalFleet` fields these options set, for any backend's constructor."""
-        path = os.pathsep.join(p for p in (str(TESTS_DIR), self.env.get("PYTHONPATH")) if p)
+        path = os.pathsep.join(p for p in (str(DEVKIT_DIR), self.env.get("PYTHONPATH")) if p)
         return {
             "replicas": self.replicas,
             "routers": self.routers,

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARDS_DIR = ROOT / "charts" / "mcpfleet" / "dashboards"
 RULES_FILE = ROOT / "charts" / "mcpfleet" / "rules" / "mcpfleet.rules.yaml"
 RULE_TESTS = ROOT / "deploy" / "monitoring" / "tests"

@@ -26,7 +26,7 @@ from benchkit.profile_summary import Profile, read_collapsed
 from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, wait_for
 
 Row = tuple[str, str, str, str]
-OUT = Path(__file__).resolve().parents[2] / ".cache" / "bench"
+OUT = Path(__file__).resolve().parents[3] / ".cache" / "bench"
 NOW, BEFORE = "router now", "router before (pump for every body)"
 
 _BEFORE_LAUNCHER = (
