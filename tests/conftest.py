@@ -16,6 +16,7 @@ _TIERS = {
     "conformance": "conformance",
     "node": "node",
     "e2e": "e2e",
+    "faults": "faults",
 }
 
 
