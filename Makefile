@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,10 +57,14 @@ test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 test-unit: venv
-	$(PY) -m pytest tests -m unit
+	$(PY) -m pytest tests -m "unit or packaging"
 
 test-fleet: venv deps bench-deps
 	$(PY) -m pytest tests -m fleet
+
+# Real processes and real signals: SIGKILL, SIGSTOP, hostile input (tests/faults).
+test-faults: venv deps bench-deps
+	$(PY) -m pytest tests -m faults
 
 test-controlplane: venv deps tools
 	$(PY) -m pytest tests -m controlplane
@@ -143,20 +147,22 @@ kind-image:
 	bash hack/ensure-debs.sh kind node
 	bash hack/kind/node-image.sh
 
+
+# KIND_CLUSTER names the cluster kind-up, kind-load and kind-down act on.
+KIND_CLUSTER ?= mcpfleet
 kind-up: venv image
 	bash hack/ensure-debs.sh kind node
-	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind up
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind up --name $(KIND_CLUSTER)
 
 # IMAGE=localhost/myapp:1 [KIND_CLUSTER=name]: an image from buildah/podman's
 # (or Docker's) local storage into every node of the kind cluster; prints
 # `loaded: <name>`.
-KIND_CLUSTER ?= mcpfleet
 kind-load: venv
 	@test -n "$(IMAGE)" || { echo "make kind-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind load $(IMAGE) --name $(KIND_CLUSTER)
 
 kind-down: venv
-	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind down
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind down --name $(KIND_CLUSTER)
 
 
 clean:

@@ -16,6 +16,8 @@
 set -euo pipefail
 # shellcheck source=hack/lib/engine.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
+# Where Debian's CNI plugin packages put their binaries.
+cni="${MCPFLEET_CNI_PLUGIN_DIR:-/usr/lib/cni}"
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-sentinel >/dev/null || need+=(redis-sentinel)
@@ -41,7 +43,7 @@ for pkg in "$@"; do
       pkgs=()
       command -v containerd >/dev/null || pkgs+=(containerd)
       command -v runc >/dev/null || pkgs+=(runc)
-      [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+      [ -x "$cni/bridge" ] || pkgs+=(containernetworking-plugins)
       command -v iptables >/dev/null || pkgs+=(iptables)
       command -v ip >/dev/null || pkgs+=(iproute2)
       command -v conntrack >/dev/null || pkgs+=(conntrack)
@@ -52,9 +54,9 @@ for pkg in "$@"; do
         command -v podman >/dev/null || pkgs+=(podman)
         # podman's CNI networks resolve container names (kind's nodes find the
         # control plane by name) only with the dnsname plugin.
-        [ -x /usr/lib/cni/dnsname ] || pkgs+=(golang-github-containernetworking-plugin-dnsname)
+        [ -x "$cni/dnsname" ] || pkgs+=(golang-github-containernetworking-plugin-dnsname)
       fi
-      [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+      [ -x "$cni/bridge" ] || pkgs+=(containernetworking-plugins)
       command -v iptables >/dev/null || pkgs+=(iptables)
       command -v buildah >/dev/null || pkgs+=(buildah)
       command -v mmdebstrap >/dev/null || pkgs+=(mmdebstrap)
@@ -65,6 +67,11 @@ for pkg in "$@"; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
   done
 done
+# MCPFLEET_DEBS_DRY_RUN=1: print what would be installed (one line) and stop.
+if [ "${MCPFLEET_DEBS_DRY_RUN:-0}" = 1 ]; then
+  echo "would install: ${need[*]}"
+  exit 0
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "mcpfleet: missing ${need[*]}; install with: sudo apt-get install -y ${need[*]}" >&2

@@ -6,21 +6,28 @@
 #
 # The cluster is the one `make kind-up` makes: deploy/kind/cluster.yaml on the
 # node image built here from the hack/tools pins (make kind-image), the
-# project's images (make image) kind-loaded. Environment: NAMESPACE (default
-# mcpfleet), RELEASE (default mcpfleet), HELM (default helm, or .cache/bin/helm
-# when built), MONITORING=1 also installs kube-prometheus-stack with
-# deploy/kind/monitoring-values.yaml (fetched from its chart repository).
+# project's images (make image) kind-loaded. Environment: KIND_CLUSTER (default
+# mcpfleet; an existing cluster of that name is used as it is), NAMESPACE
+# (default mcpfleet), RELEASE (default mcpfleet), HELM (default helm, or
+# .cache/bin/helm when built), MONITORING=1 also installs kube-prometheus-stack
+# with deploy/kind/monitoring-values.yaml (fetched from its chart repository).
+#
+# The `export KUBECONFIG=...` line is printed as soon as the cluster exists,
+# before any step that can fail, so a failed install still leaves you the way
+# in (and deploy/kind/down.sh the way out).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+cluster="${KIND_CLUSTER:-mcpfleet}"
 namespace="${NAMESPACE:-mcpfleet}"
 release="${RELEASE:-mcpfleet}"
 helm="${HELM:-$(command -v helm || echo "$root/.cache/bin/helm")}"
 log() { echo "kind-up: $*" >&2; }
 
-log "creating the cluster (make kind-up)"
-export_line="$(make -C "$root" --no-print-directory kind-up | grep '^export KUBECONFIG=')"
+log "creating the cluster $cluster (make kind-up)"
+export_line="$(make -C "$root" --no-print-directory kind-up "KIND_CLUSTER=$cluster" | grep '^export KUBECONFIG=')"
+echo "$export_line"
 eval "$export_line"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml" | head -1)"
 
@@ -36,12 +43,25 @@ log "installing the chart ($release in $namespace)"
 	--set image.repository=localhost/mcpfleet --set "image.tag=$version" --set image.pullPolicy=Never \
 	--set redis.image.repository=localhost/mcpfleet-redis --set "redis.image.tag=$version" \
 	--set redis.image.pullPolicy=Never --wait --timeout 10m
-"$helm" test "$release" --namespace "$namespace" --logs
+# The chart's test Pod is deleted when it succeeds (hook-delete-policy
+# hook-succeeded), so its logs are read only when it failed and is still there.
+log "helm test $release"
+kubectl="$(command -v kubectl || echo "$root/.cache/bin/kubectl")"
+if ! "$helm" test "$release" --namespace "$namespace" --timeout 5m; then
+	for pod in $("$kubectl" --namespace "$namespace" get pods -o name | grep -- '-selftest$' || true); do
+		"$kubectl" --namespace "$namespace" logs "$pod" >&2 || true
+	done
+	log "helm test failed; the cluster stays up (deploy/kind/down.sh deletes it)"
+	exit 1
+fi
 
+# The router's Service, by its labels (its name depends on the release's).
+router="$("$kubectl" --namespace "$namespace" get services -o name \
+	-l "app.kubernetes.io/instance=$release,app.kubernetes.io/component=router")"
 cat <<MSG
-mcpfleet is up on kind cluster mcpfleet. Reach the router:
+mcpfleet is up on kind cluster $cluster. Reach the router:
   $export_line
-  kubectl -n $namespace port-forward svc/$release-router 8000:80 &
+  kubectl -n $namespace port-forward $router 8000:80 &
   mcpfleet demo --url http://localhost:8000/mcp --era modern
 Rotate the keys:
   kubectl -n $namespace create -f $here/keyrotation.yaml

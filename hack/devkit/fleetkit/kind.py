@@ -339,6 +339,34 @@ def load_image(name: str, image: str) -> None:
         _run(setup, setup.load(archive), 900)
 
 
+#: Where libcni keeps host-local IPAM state per network, and its result cache.
+CNI_STATE = Path("/var/lib/cni")
+
+
+def cni_leftovers(network: str, state: Path = CNI_STATE) -> list[Path]:
+    """What podman's CNI left on the host for ``network`` once its containers are gone:
+    the host-local IPAM directory (``networks/<network>``: a lock, the last reserved
+    addresses) and cached results (``results/<network>-*``). Pure on the path given."""
+    found = [state / "networks" / network]
+    results = state / "results"
+    if results.is_dir():
+        found += sorted(results.glob(f"{network}-*"))
+    return [p for p in found if p.exists()]
+
+
+def _remove_cni_leftovers(network: str) -> list[str]:
+    failed = []
+    for path in cni_leftovers(network):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError as exc:
+            failed.append(f"remove {path}: {exc}")
+    return failed
+
+
 def _engine_rm(setup: KindSetup, *argv: str) -> None:
     subprocess.run(
         [setup.engine, *argv],
@@ -362,10 +390,15 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
     ours_left = [c for c in others if (state.parent / c / "host.json").exists()]
     if not ours_left:
         _engine_rm(setup, "network", "rm", "-f", NETWORK)
+        # The network is ours by name, and so is the IPAM state podman's CNI
+        # keeps for it (a new machine has no /var/lib/cni before the first run).
+        failed += _remove_cni_leftovers(NETWORK)
         before_file = state / "host.json"
         if before_file.exists():
             before = node_host.HostState.from_json(before_file.read_text())
-            roots = ["/var/lib/containers", "/var/lib/docker"]
+            # /run/netns: the engine bind-mounts it onto itself (shared) for the
+            # nodes' network namespaces; unmounted when it was not there before.
+            roots = ["/var/lib/containers", "/var/lib/docker", "/run/netns"]
             failed += node_host.restore(before, roots=roots, links=[], marks=[]).failed
             failed += node_host.differences(before, roots=roots, links=[])
         marker = state.parent / "made-lib-modules"

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mcpfleet.dev.wait import WaitTimeout, wait_for
+
 #: Sysctls a kubelet, kube-proxy or the bridge plugin may set; saved and restored.
 SYSCTLS = (
     "kernel.panic",
@@ -291,12 +293,37 @@ def restore(
     return report
 
 
-def _rmdir_tree_if_empty(path: Path) -> None:
-    """Remove ``path`` and its empty subdirectories; refuse (OSError) if a file remains."""
+#: How long a directory may stay busy (EBUSY: the kernel still releasing a
+#: mount detached a moment ago) before removing it counts as failed.
+BUSY_DEADLINE = 10.0
+
+
+def _rmdir_tree_if_empty(path: Path, busy_deadline: float = BUSY_DEADLINE) -> None:
+    """Remove ``path`` and its empty subdirectories; refuse (OSError) if a file remains.
+
+    A directory that is busy (a mount on it being released) is tried again
+    until ``busy_deadline`` seconds have passed; any other error is final.
+    """
     for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
         with contextlib.suppress(OSError):
             sub.rmdir()
-    path.rmdir()
+
+    class _Busy(OSError):
+        pass
+
+    def removed() -> bool:
+        try:
+            path.rmdir()
+        except OSError as exc:
+            if exc.errno == errno.EBUSY:
+                raise _Busy(exc.errno, str(exc)) from exc
+            raise
+        return True
+
+    try:
+        wait_for(removed, timeout=busy_deadline, what=f"{path} to be released", retry_on=(_Busy,))
+    except WaitTimeout as exc:
+        raise OSError(errno.EBUSY, f"{path} still busy after {busy_deadline:.0f}s") from exc
 
 
 def differences(before: HostState, roots: Sequence[str], links: Sequence[str]) -> list[str]:

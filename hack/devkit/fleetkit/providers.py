@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ from fleetkit.controlplane import repo_root
 
 PROVIDERS = ("local", "kind")
 KIND_CONFIG = repo_root() / "deploy" / "kind" / "cluster.yaml"
+#: What the README tells a user to run to make and delete a kind cluster.
+UP_SCRIPT = repo_root() / "deploy" / "kind" / "up.sh"
+DOWN_SCRIPT = repo_root() / "deploy" / "kind" / "down.sh"
 #: The node's Service range is 10.217.128.0/24; the first 16 addresses are the
 #: API server's static band, never handed out dynamically: a fixed ClusterIP here
 #: cannot collide with an allocated one.
@@ -61,6 +65,8 @@ class Cluster:
     router_ips: tuple[str, ...] = LOCAL_ROUTER_IPS
     #: Takes a node away as a lost machine would (None: this provider cannot).
     stop_node: Callable[[str], None] | None = None
+    #: The kind cluster's name (empty for other providers).
+    kind_name: str = ""
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def router_values(self, index: int) -> dict[str, Any]:
@@ -172,14 +178,26 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
                 diagnostics=lambda: kind.diagnostics(name),
                 router_ips=KIND_ROUTER_IPS,
                 stop_node=lambda node: kind.stop_node(name, node),
+                kind_name=name,
             )
         finally:
             api.close()
     finally:
         if os.environ.get("MCPFLEET_KIND_KEEP") != "1":
-            left = kind.down(name)
-            if left:
-                raise RuntimeError(f"kind cluster {name} left behind: {left}")
+            # As a user deletes it (the README's command): deploy/kind/down.sh.
+            done = subprocess.run(
+                ["bash", str(DOWN_SCRIPT)],
+                env={**os.environ, "KIND_CLUSTER": name},
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"deploy/kind/down.sh (KIND_CLUSTER={name}) exited {done.returncode}; "
+                    f"kind cluster {name} left behind:\n{done.stdout}{done.stderr}"
+                )
 
 
 @contextlib.contextmanager
