@@ -19,6 +19,9 @@ SHELL ["/bin/sh", "-eu", "-c"]
 RUN python3 -m venv /opt/mcpfleet
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The locked dependency set, with hashes (hack/lock/update.sh): the image
+# installs exactly what the project tested, then the project without deps.
+COPY hack/lock/runtime.txt ./hack/lock/runtime.txt
 COPY server ./server
 COPY operator ./operator
 # pip trusts the system CA bundle where there is one: a build behind a
@@ -27,7 +30,8 @@ COPY operator ./operator
 RUN if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
         export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     fi; \
-    /opt/mcpfleet/bin/pip install --no-cache-dir '.[operator]' ; \
+    /opt/mcpfleet/bin/pip install --no-cache-dir --require-hashes -r hack/lock/runtime.txt ; \
+    /opt/mcpfleet/bin/pip install --no-cache-dir --no-deps . ; \
     /opt/mcpfleet/bin/pip uninstall --yes pip ; \
     rm -f /opt/mcpfleet/bin/activate* /opt/mcpfleet/bin/Activate.ps1
 

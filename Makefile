@@ -8,15 +8,22 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: venv lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
-$(STAMP): pyproject.toml
+# The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
+# project itself, editable, on top of it.
+$(STAMP): pyproject.toml hack/lock/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --require-hashes -r hack/lock/dev.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# hack/lock/*.txt again from pyproject.toml (UPGRADE=1: newest pins the ranges allow).
+lock: venv
+	bash hack/lock/update.sh
 
 # Debian packages the fleet needs (redis-server, redis-sentinel, prometheus): installed if missing.
 deps:

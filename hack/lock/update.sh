@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The exact Python dependency set, with hashes, that the image, `make` and
+# .ci/run install from (`make lock` runs this; commit both files it writes):
+#
+#   hack/lock/runtime.txt   pyproject's dependencies and the [operator] extra:
+#                           what the image installs (Dockerfile)
+#   hack/lock/dev.txt       the [test] extra on top: the developer's and CI's venv
+#
+# The ranges in pyproject.toml stay as they are, for people who `pip install
+# mcpfleet` into their own app; the locks pin what this project ships and tests.
+# Each file's first line records the sha256 of pyproject.toml's dependency
+# tables it was made from: tests/unit/test_lock.py fails when they disagree.
+# UPGRADE=1 moves every pin to the newest version the ranges allow; without
+# it, pins already in the lock are kept where they still satisfy pyproject.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+uv="${UV:-$root/.venv/bin/uv}"
+[[ -x "$uv" ]] || uv="$(command -v uv)"
+digest="$("$root/.venv/bin/python" hack/lock/deps_digest.py)"
+upgrade=()
+[[ "${UPGRADE:-0}" == 1 ]] && upgrade=(--upgrade)
+for spec in "runtime:operator" "dev:test"; do
+	name="${spec%%:*}"
+	extra="${spec#*:}"
+	out="hack/lock/$name.txt"
+	tmp="$(mktemp)"
+	# The lock being replaced is the starting point (no --upgrade: pins kept).
+	[[ -f "$out" ]] && tail -n +2 "$out" >"$tmp"
+	"$uv" pip compile pyproject.toml --extra "$extra" --generate-hashes --python-version 3.11 \
+		--universal --no-header --quiet "${upgrade[@]}" -o "$tmp"
+	{
+		echo "# pyproject-deps-sha256: $digest (hack/lock/update.sh; make lock)"
+		cat "$tmp"
+	} >"$out"
+	rm -f "$tmp"
+	echo "lock: $out ($(grep -c '==' "$out") pins)"
+done
