@@ -64,7 +64,7 @@ test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 test-unit: venv
-	$(PY) -m pytest tests -m "unit or packaging"
+	$(PY) -m pytest tests -m "unit or packaging or rigs"
 
 test-fleet: venv deps bench-deps
 	$(PY) -m pytest tests -m fleet
@@ -124,11 +124,10 @@ node-deps:
 test-node: venv deps tools node-deps image
 	$(PY) -m pytest tests -m node
 
-# The chart installed with helm on a real cluster: PROVIDER=local (this machine's
-# node, root) or PROVIDER=kind (podman as root, or Docker; the node image made here).
-PROVIDER ?= local
-test-e2e: venv deps tools $(if $(filter local,$(PROVIDER)),node-deps image,image kind-image)
-	$(PY) -m pytest tests -m e2e --cluster-provider $(PROVIDER)
+# The e2e tier alone, on E2E_PROVIDER's cluster (the same variable and default as
+# make test: kind; E2E_PROVIDER=local puts it on this machine's node, root).
+test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image kind-image)
+	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.
 # NODE=1: a real node too (containerd, kubelet, scheduler, kube-proxy), pods on a bridge.

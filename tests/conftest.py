@@ -17,6 +17,7 @@ _TIERS = {
     "node": "node",
     "e2e": "e2e",
     "faults": "faults",
+    "rigs": "rigs",
 }
 
 
@@ -24,8 +25,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cluster-provider",
         choices=("local", "kind"),
-        default=os.environ.get("MCPFLEET_E2E_PROVIDER", "local"),
-        help="where the e2e tier installs the chart: local (this machine's node) or kind",
+        default=os.environ.get("E2E_PROVIDER", "kind"),
+        help="where the e2e tier installs the chart: kind (default; $E2E_PROVIDER, as make"
+        " test and make test-e2e take it) or local (this machine's node, root)",
     )
 
 

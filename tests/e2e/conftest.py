@@ -1,7 +1,7 @@
 """The end-to-end tier: the chart installed with helm on a real cluster.
 
-The provider (``--cluster-provider``, or ``$MCPFLEET_E2E_PROVIDER``; default
-``local``, and ``make test`` says ``kind``) says where: ``local`` is this
+The provider (``--cluster-provider``, or ``$E2E_PROVIDER``; default ``kind``,
+as in ``make test`` and ``make test-e2e``) says where: ``local`` is this
 machine's node (root), one per module; ``kind`` a kind cluster of three nodes
 (Docker, or podman as root), one for the whole session: making one costs
 minutes. A provider that cannot run here skips the tier with its reason; with

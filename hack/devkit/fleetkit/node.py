@@ -23,6 +23,15 @@ failed attempt): cgroups are a v1/v2 hybrid (``failCgroupV1: false``,
 checks must be off; containerd 1.6 needs ``restrict_oom_score_adj`` or every
 sandbox dies with "can't get final child's PID from pipe: EOF"; the CRI
 sandbox image is built locally (``make image`` makes ``mcpfleet-pause``).
+
+Why this rig stays beside kind (the e2e tier's one provider, ``E2E_PROVIDER``
+default ``kind``): it is the node tier's (tests/node), which checks what kind
+hides inside its node containers: the image imported straight into a
+containerd from its archive (``make node-load``, the path of a cluster without
+a registry), the kubelet's Secret-volume refresh and SIGTERM as they happen on
+this host, and the host left exactly as found (iptables, mounts, sysctls). And
+it runs the chart without podman or a node image (``E2E_PROVIDER=local``), a
+cluster in about a minute where kind takes several.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from fleetkit.kind import (
     image_from_output,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.rigs
 
 
 def test_create_names_the_node_image_the_config_and_a_private_kubeconfig(tmp_path: Path) -> None:
