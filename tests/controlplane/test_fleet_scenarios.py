@@ -26,6 +26,7 @@ from fleetkit.cpfleet import (
     control_plane_fleet,
     cp_diagnostics,
 )
+from fleetkit.failure import explain_on_failure
 from fleetkit.fleet import FleetOptions
 from fleetkit.kubelet_secret import DATA_DIR
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
@@ -62,10 +63,9 @@ def _fleet_diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[No
     The control plane's own log tails are printed by the tier's conftest.
     """
     yield
-    report = getattr(request.node, "rep_call", None)
     cf = request.node.funcargs.get("cp_fleet")
-    if report is not None and report.failed and isinstance(cf, ControlPlaneFleet):
-        print(cp_diagnostics(cf, plane_logs=False))
+    if isinstance(cf, ControlPlaneFleet):
+        explain_on_failure(request, lambda: cp_diagnostics(cf, plane_logs=False))
 
 
 # --- the scenarios, as on every backend ------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from fleetkit.chartfleet import ChartFleet
+from fleetkit.failure import explain_on_failure
 from fleetkit.providers import Cluster, cluster, unavailable
 
 HERE = Path(__file__).resolve().parent
@@ -74,11 +75,8 @@ def e2e_cluster(
 def _diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     """A failed test prints what its releases' pods and the cluster's nodes say."""
     yield
-    report = getattr(request.node, "rep_call", None)
-    if report is None or not report.failed:
-        return
     fleets = [f for f in request.node.funcargs.values() if isinstance(f, ChartFleet)]
-    for fleet in fleets:
-        print(fleet.diagnostics())
+    explainers = [fleet.diagnostics for fleet in fleets]
     if fleets:
-        print(fleets[0].cluster.diagnostics())
+        explainers.append(fleets[0].cluster.diagnostics)
+    explain_on_failure(request, *explainers)

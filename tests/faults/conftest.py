@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetkit.failure import explain_on_failure
 from fleetkit.fleet import diagnostics
 from mcpfleet.dev.fleet import LocalFleet
 
@@ -91,10 +92,7 @@ def watch_fleet() -> Iterator[list[LocalFleet]]:
 @pytest.fixture(autouse=True)
 def _print_diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        for lf in _ACTIVE:
-            print(diagnostics(lf))
+    explain_on_failure(request, *[lambda lf=lf: diagnostics(lf) for lf in _ACTIVE])
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fleetkit.failure import explain_on_failure
 from fleetkit.fleet import diagnostics, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 
@@ -23,10 +24,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
 @pytest.fixture(autouse=True)
 def _print_diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        for lf in _ACTIVE:
-            print(diagnostics(lf))
+    explain_on_failure(request, *[lambda lf=lf: diagnostics(lf) for lf in _ACTIVE])
 
 
 @contextlib.contextmanager
@@ -43,6 +41,4 @@ def shared(lf: LocalFleet) -> Iterator[LocalFleet]:
 def watched(request: pytest.FixtureRequest, lf: LocalFleet) -> Iterator[LocalFleet]:
     """For a test's own fleet: print its diagnostics if the test failed, before teardown."""
     yield lf
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        print(diagnostics(lf))
+    explain_on_failure(request, lambda: diagnostics(lf))

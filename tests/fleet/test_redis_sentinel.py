@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 
 from fleetkit.failover import SentinelFleet, failover_under_load, graceful_failover, sentinel_fleet
+from fleetkit.failure import explain_on_failure
 
 
 @pytest.fixture
 def setup(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SentinelFleet]:
     with sentinel_fleet(tmp_path) as sf:
         yield sf
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            print(sf.logs())
+        explain_on_failure(request, sf.logs)
 
 
 async def test_a_master_killed_under_load_loses_no_live_session(setup: SentinelFleet) -> None:

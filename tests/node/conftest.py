@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fleetkit.failure import explain_on_failure
 from fleetkit.node import Node, require_node, running_node
 
 #: Starting a node (control plane, containerd, image import, kubelet) on two busy
@@ -31,8 +32,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 def _node_logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     """When a test that used the node fails, show the components' log tails."""
     yield
-    report = getattr(request.node, "rep_call", None)
     started = getattr(request.node, "funcargs", {}).get("node")
-    if report is not None and report.failed and isinstance(started, Node):
-        print("\n===== node logs =====")
-        print(started.log_tail(30))
+    if isinstance(started, Node):
+        explain_on_failure(request, lambda: "\n===== node logs =====\n" + started.log_tail(30))

@@ -20,6 +20,7 @@ import pytest
 
 from fleetkit import scenarios
 from fleetkit.controlplane import temporary_namespace, wait_for
+from fleetkit.failure import explain_on_failure
 from fleetkit.node import Node
 from fleetkit.nodefleet import (
     GRACE_SECONDS,
@@ -63,10 +64,9 @@ def nf(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFle
 @pytest.fixture(autouse=True)
 def _fleet_diagnostics_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    report = getattr(request.node, "rep_call", None)
     fleet = request.node.funcargs.get("nf")
-    if report is not None and report.failed and isinstance(fleet, NodeFleet):
-        print(node_diagnostics(fleet))
+    if isinstance(fleet, NodeFleet):
+        explain_on_failure(request, lambda: node_diagnostics(fleet))
 
 
 # --- the scenarios, as on every backend ------------------------------------------------
