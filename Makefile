@@ -38,6 +38,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile deploy/own-app/Dockerfile
+	$(VENV)/bin/lint-imports --no-cache
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
 typecheck: venv
