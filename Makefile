@@ -43,7 +43,7 @@ lint: venv ## ruff, ruff format --check, hadolint, and the import contracts (lin
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile deploy/own-app/Dockerfile
-	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
 typecheck: venv ## mypy --strict over both packages
