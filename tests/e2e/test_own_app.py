@@ -2,7 +2,7 @@
 
 The app is the example of ``deploy/own-app`` (package ``ownapp``, FastMCP's
 JWT auth; the issuer's public key from a Secret the Pods mount). The tests
-run the commands the README's "Run your own app on Kubernetes" shows, in its
+run the commands docs/apps.md's "Run your own app on Kubernetes" shows, in its
 order: the image built on the mcpfleet image, ``make node-load``, the
 Secret, ``helm install`` with ``deploy/own-app/values.yaml`` and the
 cluster's values only, ``helm test``; then both eras through the router
@@ -46,7 +46,7 @@ ISSUER, AUDIENCE = _CONFIG["OWNAPP_JWT_ISSUER"], _CONFIG["OWNAPP_JWT_AUDIENCE"]
 
 
 def _run(*args: str, timeout: float = 900) -> str:
-    """A command as the README shows it, from the repository's root."""
+    """A command as docs/apps.md shows it, from the repository's root."""
     done = subprocess.run(
         list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -74,7 +74,7 @@ def _bearer(token: str) -> Any:
     return hook
 
 
-# --------------------------------------------------------------------------- the README's steps
+# ---------------------------------------------------------------------- docs/apps.md's steps
 
 
 def test_the_app_image_builds_on_the_mcpfleet_image_and_the_node_takes_it(
