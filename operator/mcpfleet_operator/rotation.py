@@ -1,6 +1,6 @@
 """The rotation state machine: which step a KeyRotation takes next. Pure functions.
 
-The protocol (the README's "Key rotation"), each step confirmed before the next::
+The protocol (docs/operator.md, "Operator"), each step confirmed before the next::
 
     Pending   -> write [old, new]          (stage: new unseals, nothing seals with it)
     Staging   -> every serving replica attests [old, new]  -> write [new, old]

@@ -62,8 +62,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field
 
-from mcpfleet import Outcome, Question, ask_then, first_missing
-from mcpfleet.guard import is_modern
+from mcpfleet import Outcome, Question, ask_then, first_missing, is_modern
 
 app = FastMCP(
     "mcpfleet-conformance",
