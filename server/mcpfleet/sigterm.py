@@ -26,7 +26,9 @@ class SigtermFirstServer(uvicorn.Server):
         await super().serve(sockets)
 
     def takes_sigterm(self) -> bool:
-        """False: this SIGTERM is uvicorn's (the subclass has nothing to do first)."""
+        """Whether the first SIGTERM is :meth:`on_sigterm`'s (default: yes). A subclass
+        returns False when it has nothing to do first (the router with no linger):
+        then that SIGTERM is uvicorn's graceful exit."""
         return True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
