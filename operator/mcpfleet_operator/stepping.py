@@ -51,15 +51,17 @@ log = logging.getLogger("mcpfleet_operator")
 
 
 def advance(t: Tick) -> None:
-    """One step of a rotation: find its KeyRing, then observe, decide, perform and record."""
-    new: Status = {}
+    """One step of a rotation: find its KeyRing, then observe, decide, perform and record.
+
+    Each part returns the status fields it decided; they are merged here, in
+    order, and written once.
+    """
     try:
         rot = RotationSpec.parse(t.spec)
     except SpecError as exc:
-        _fail(t, "", new, str(exc))
-        t.write(new)
+        t.write(_fail(t, "", {}, str(exc)))
         return
-    new.update(keyRing=rot.key_ring, mode=rot.mode)
+    new: Status = {"keyRing": rot.key_ring, "mode": rot.mode}
     recorded = recorded_phase(t.status)
     if recorded == "Pending" and "Pending" not in (t.status.get("phaseTimestamps") or {}):
         new["phaseTimestamps"] = {"Pending": now_ms()}
@@ -67,26 +69,27 @@ def advance(t: Tick) -> None:
             t.event("Requested", rot.reason)
     ring_spec = t.keyring_spec(rot.key_ring)
     if isinstance(ring_spec, str):
-        new.update(rotation_waiting(ring_spec, t.status))
-        t.write(new)
+        t.write({**new, **rotation_waiting(ring_spec, t.status)})
         return
     with t.rt.lock(t.namespace, rot.key_ring):
-        outcome = _step(t, rot, ring_spec, new)
+        outcome = _step(t, rot, ring_spec)
     if outcome is None:
         return  # the Secret changed meanwhile: decide again next tick
     if isinstance(outcome, str):
-        new.update(rotation_waiting(outcome, t.status, keep=recorded))
-    else:
-        _record(t, rot, ring_spec, *outcome, new)
-    t.write(new)
+        t.write({**new, **rotation_waiting(outcome, t.status, keep=recorded)})
+        return
+    decision, conv, kids = outcome
+    new.update(kids)
+    t.write({**new, **_record(t, rot, ring_spec, decision, conv, new)})
 
 
 def _step(
-    t: Tick, rot: RotationSpec, ring_spec: KeyRingSpec, new: Status
-) -> tuple[Decision, Convergence] | str | None:
+    t: Tick, rot: RotationSpec, ring_spec: KeyRingSpec
+) -> tuple[Decision, Convergence, Status] | str | None:
     """Observe, decide and perform one step (under the KeyRing's lock).
 
-    Returns the decision and the convergence on the ring as it now is, or why
+    Returns the decision, the convergence on the ring as it now is and the kids
+    this step learned (``oldKid``/``newKid``, when it staged or resumed), or why
     nothing can be observed yet, or None when the Secret changed since it was read.
     """
     current = secretring.read(t.rt.core, t.namespace, ring_spec.secret_name)
@@ -100,11 +103,12 @@ def _step(
         return f"cannot read attestations: {describe(exc)}"
     view = current.view()
     conv = converge(views(pods), attested, view.kids)
-    decision = decide(_observe(t, rot, ring_spec, view, conv, new))
+    observed, kids = _observe(t, rot, ring_spec, view, conv)
+    decision = decide(observed)
     if decision.action not in secretring.STEPS:
         if decision.lagging:
             t.rt.nudge(pods, current.resource_version, decision.lagging)
-        return decision, conv
+        return decision, conv, kids
     try:
         written = secretring.write_step(t.rt.core, current, decision.action, owner=(t.name, t.uid))
     except secretring.SecretConflict as exc:
@@ -113,10 +117,10 @@ def _step(
     assert written.ring is not None
     t.metrics.secret_writes.labels(t.namespace, rot.key_ring, decision.action).inc()
     if decision.action == "stage":
-        new.update(oldKid=written.ring.kids[0], newKid=written.ring.kids[1])
+        kids = {"oldKid": written.ring.kids[0], "newKid": written.ring.kids[1]}
     t.rt.nudge(pods, written.resource_version)
     # Convergence from now on is on the ring just written (none attest it yet).
-    return decision, converge(views(pods), attested, written.ring.kids)
+    return decision, converge(views(pods), attested, written.ring.kids), kids
 
 
 def _observe(
@@ -125,18 +129,19 @@ def _observe(
     ring_spec: KeyRingSpec,
     view: RingView,
     conv: Convergence,
-    new: Status,
-) -> Observed:
-    """What :func:`decide` needs, with the new kid and the TTL clock as this process knows them."""
+) -> tuple[Observed, Status]:
+    """What :func:`decide` needs, with the new kid and the TTL clock as this process
+    knows them; and the kids resumed from the Secret when the status has none."""
     recorded = recorded_phase(t.status)
     new_kid = str(t.status.get("newKid") or "")
+    kids: Status = {}
     resumed = None if new_kid else resumed_kids(t.uid, view)
     if resumed is not None:
-        new.update(oldKid=resumed[0], newKid=resumed[1])
+        kids = {"oldKid": resumed[0], "newKid": resumed[1]}
         new_kid = resumed[1]
     ttl_elapsed = t.rt.clock(t.uid).ttl_elapsed(recorded == "Waiting", ring_spec.token_ttl)
     mine, why = turn(t.uid, t.created, t.name, t.queue(rot.key_ring))
-    return Observed(
+    observed = Observed(
         uid=t.uid,
         phase=recorded,
         new_kid=new_kid,
@@ -147,6 +152,7 @@ def _observe(
         my_turn=mine,
         blocked=why,
     )
+    return observed, kids
 
 
 def _record(
@@ -155,9 +161,10 @@ def _record(
     ring_spec: KeyRingSpec,
     decision: Decision,
     conv: Convergence,
-    new: Status,
-) -> None:
-    """Status, Events, metrics and clocks for the decision just carried out."""
+    so_far: Status,
+) -> Status:
+    """Events, metrics and clocks for the decision just carried out; the status
+    fields it decides (``so_far``: what this tick decided before, read only)."""
     clock, now, phase = t.rt.clock(t.uid), time.monotonic(), decision.next_phase
     spent = clock.advance(decision.phase, decision.next_phase, now)
     if spent is not None:
@@ -169,8 +176,7 @@ def _record(
         for kind, reason, text in phase_events(phase, ring_spec.token_ttl, rot.emergency):
             kopf.event(t.body, type=kind, reason=reason, message=text)
     if decision.action == "fail":
-        _fail(t, rot.key_ring, new, decision.message)
-        return
+        return _fail(t, rot.key_ring, so_far, decision.message)
     keyring = rot.key_ring
     if phase == "Complete":
         t.metrics.rotation_ended(t.namespace, keyring, "complete")
@@ -178,8 +184,8 @@ def _record(
     else:
         t.metrics.set_phase(t.namespace, keyring, phase)
     stalled = _stall(t, keyring, decision, clock, now)
-    new.update(
-        rotation_progress(decision, conv, t.status, new, stalled=stalled, emergency=rot.emergency)
+    return rotation_progress(
+        decision, conv, t.status, so_far, stalled=stalled, emergency=rot.emergency
     )
 
 
@@ -200,9 +206,10 @@ def _stall(t: Tick, keyring: str, decision: Decision, clock: Clock, now: float) 
     return stalled
 
 
-def _fail(t: Tick, keyring: str, new: Status, message: str) -> None:
-    """The rotation ends Failed: its status, its result metric, a warning Event."""
-    new.update(rotation_ended("Failed", message, t.status, new))
+def _fail(t: Tick, keyring: str, so_far: Status, message: str) -> Status:
+    """The rotation ends Failed: the status fields of that, its result metric, a
+    warning Event (``so_far``: what this tick decided before, read only)."""
     if keyring:
         t.metrics.rotation_ended(t.namespace, keyring, "failed")
     t.warn("Failed", message)
+    return {**so_far, **rotation_ended("Failed", message, t.status, so_far)}
