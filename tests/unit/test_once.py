@@ -41,10 +41,19 @@ class DownLedger:
     async def claim(self, flow: str, record: Record, ttl: float) -> Record | None:
         raise LedgerUnavailable("connection refused")
 
+    async def confirm(self, flow: str, mine: Record, lifetime: float, replied: float) -> Any:
+        raise LedgerUnavailable("connection refused")
+
     async def store(self, flow: str, record: Record, ttl: float) -> None:
         raise LedgerUnavailable("connection refused")
 
+    async def release(self, flow: str, mine: Record) -> bool:
+        raise LedgerUnavailable("connection refused")
+
     async def get(self, flow: str) -> Record | None:
+        raise LedgerUnavailable("connection refused")
+
+    async def alive(self, replica: str, boot: str) -> bool:
         raise LedgerUnavailable("connection refused")
 
 
@@ -238,6 +247,16 @@ class RetriedReply:
 
     async def get(self, key: str) -> str | None:
         return self.data.get(key)
+
+    async def eval(self, script: str, numkeys: int, key: str, *args: Any) -> int:
+        """The confirm and release scripts, as Redis runs them (the lease is never short)."""
+        if self.data.get(key) != args[0]:
+            return 0
+        if "PTTL" in script:
+            self.data[key] = args[1]
+            return 1
+        del self.data[key]
+        return 1
 
 
 async def test_a_claim_sent_again_after_a_lost_reply_is_still_the_claim() -> None:
