@@ -435,6 +435,18 @@ class RedisLedger:
 
         self._memory_task = asyncio.ensure_future(check())
 
+    async def watch_memory(
+        self, observe: Callable[[float], None], interval: float = MEMORY_CHECK_INTERVAL
+    ) -> None:
+        """Read Redis's memory every ``interval`` seconds until cancelled; report the share."""
+        while True:
+            self._memory_checked = 0.0
+            self._check_memory()
+            if self._memory_task is not None:
+                await asyncio.gather(self._memory_task, return_exceptions=True)
+            observe(self.memory_share)
+            await asyncio.sleep(interval)
+
     async def claim(self, flow: str, record: Record, lease: float) -> Record | None:
         self._check_memory()
         if self.full:

@@ -142,13 +142,17 @@ class Replica:
         if self.config.redis_url:
             client = connect(self.config.redis_url, self.config.redis_files)
             await check_redis_version(client, self.config.redis_deadline)
-            self._install_ledger(
-                RedisLedger(
-                    client,
-                    RedisKeys(self.config.fleet),
-                    deadline=self.config.redis_deadline,
-                    failover_wait=self.config.redis_failover_wait,
-                    memory_limit=self.config.once_memory_limit,
+            ledger = RedisLedger(
+                client,
+                RedisKeys(self.config.fleet),
+                deadline=self.config.redis_deadline,
+                failover_wait=self.config.redis_failover_wait,
+                memory_limit=self.config.once_memory_limit,
+            )
+            self._install_ledger(ledger)
+            tasks.append(
+                asyncio.create_task(
+                    ledger.watch_memory(self.metrics.redis_memory.set), name="redis-memory"
                 )
             )
             self.publisher = Publisher(
