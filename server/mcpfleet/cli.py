@@ -64,6 +64,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def _fleet(text: str) -> str:
     try:
         return check_fleet_name(text)
@@ -132,6 +139,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--heartbeat-ttl", type=_positive, default=rep.heartbeat_ttl)
     s.add_argument("--allowed-host", action="append", default=[], help="a Host also accepted")
     s.add_argument("--allowed-origin", action="append", default=[], help="an Origin accepted")
+    s.add_argument(
+        "--redis-deadline",
+        type=_positive,
+        default=rep.redis_deadline,
+        help=f"s each Redis call of a once-flow may take (default {rep.redis_deadline})",
+    )
+    s.add_argument(
+        "--redis-failover-wait",
+        type=_non_negative,
+        default=rep.redis_failover_wait,
+        help="s a once-flow's claim waits for a new master through Sentinel"
+        f" (default {rep.redis_failover_wait})",
+    )
+    s.add_argument(
+        "--once-memory-limit",
+        type=_share,
+        default=rep.once_memory_limit,
+        help="share of Redis maxmemory past which new once-flows are refused; 0: no check"
+        f" (default {rep.once_memory_limit})",
+    )
 
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host)
@@ -145,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="s an idle session's route lives; must equal the replicas' --session-idle",
     )
     r.add_argument("--session-cap", type=int, default=None, help="max sessions per replica")
+    r.add_argument(
+        "--redis-deadline",
+        type=_positive,
+        default=rtr.redis_deadline,
+        help=f"s each Redis call on a request's path may take (default {rtr.redis_deadline})",
+    )
     r.add_argument(
         "--graceful-timeout",
         type=_positive_int,
@@ -332,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         allowed_origins=tuple(args.allowed_origin),
                         heartbeat_interval=args.heartbeat,
                         heartbeat_ttl=args.heartbeat_ttl,
+                        redis_deadline=args.redis_deadline,
+                        redis_failover_wait=args.redis_failover_wait,
+                        once_memory_limit=args.once_memory_limit,
                     )
                 )
             except KeyRingError as exc:
@@ -350,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fleet=args.fleet,
                     session_ttl=args.session_ttl,
                     session_cap=args.session_cap,
+                    redis_deadline=args.redis_deadline,
                     graceful_timeout=args.graceful_timeout,
                     drain_linger=args.drain_linger,
                     max_body_bytes=args.max_body_bytes,

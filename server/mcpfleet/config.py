@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
-from mcpfleet.redisconn import RedisFiles
+from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT, RedisFiles
 
 #: The app ``mcpfleet serve`` runs when no ``--app`` is given.
 DEFAULT_APP = "mcpfleet.example.app:app"
@@ -55,6 +55,15 @@ class ReplicaConfig:
     #: whatever the bind address (patterns as FastMCP takes them: ``*.svc``).
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
+    #: The deadline (s) of each Redis call on a request's path (a once-flow's
+    #: claim, its confirmation, a replay's read): past it, the retryable error.
+    redis_deadline: float = DEFAULT_DEADLINE
+    #: Through Sentinel, how long (s) a once-flow's claim waits for a new master
+    #: before the retryable error; covers a failover with down-after 1 s.
+    redis_failover_wait: float = DEFAULT_FAILOVER_WAIT
+    #: New once-flows are refused while Redis uses more than this share of its
+    #: maxmemory (0 turns the check off), leaving the rest to heartbeats and routes.
+    once_memory_limit: float = 0.8
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"
@@ -96,6 +105,9 @@ class RouterConfig:
     #: How long a session's owner may be absent from the registry (a late
     #: heartbeat) before the router stops trying its last known address.
     owner_absent_limit: float = 10.0
+    #: The deadline (s) of each Redis call on a request's path (a session lookup
+    #: the cache cannot answer, a new session's route): past it, Redis is down.
+    redis_deadline: float = DEFAULT_DEADLINE
     attempts: int = 3
     #: Seconds the router lets requests and streams in flight finish after
     #: SIGTERM before it closes them (uvicorn's graceful shutdown); the chart

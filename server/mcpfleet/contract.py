@@ -116,7 +116,10 @@ class RedisKeys:
           every replica of the fleet, since pod names are not known in advance;
           pruning dead names (EXISTS on their records, SREM) needs that too.
           The once-ledger (:mod:`mcpfleet.once`): its entries, read and
-          write (claim: SET NX GET PX; result: SET XX PX; a racing replay: GET).
+          write (claim: SET NX GET PX; confirm and release: EVAL of GET,
+          PTTL, SET, DEL; result: SET XX PX; a racing replay: GET; its memory
+          watch and the version check at start: INFO). The routes of its own
+          sessions, written back when Redis lost them (SET NX PX).
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
           read and write; the registry, read only.
         * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
@@ -128,10 +131,29 @@ class RedisKeys:
         records, registry = f"{self.prefix}:replica:*", self.replicas
         base = ["resetkeys", "resetchannels", "-@all", "+ping", "+select"]
         if component == "replica":
-            keys = [f"~{registry}", f"~{records}", f"~{self.prefix}:once:*"]
-            # publish: MULTI, SET (PX), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
-            # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET.
-            commands = ["multi", "exec", "set", "sadd", "smembers", "exists", "srem", "del", "get"]
+            keys = [
+                f"~{registry}",
+                f"~{records}",
+                f"~{self.prefix}:once:*",
+                f"~{self.prefix}:session:*",
+            ]
+            # publish: MULTI, SET (PX GET), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
+            # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET,
+            # EVAL (GET, PTTL, SET, DEL), INFO; routes written back: SET NX PX.
+            commands = [
+                "multi",
+                "exec",
+                "set",
+                "sadd",
+                "smembers",
+                "exists",
+                "srem",
+                "del",
+                "get",
+                "eval",
+                "pttl",
+                "info",
+            ]
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
             # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL.

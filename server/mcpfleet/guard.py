@@ -14,8 +14,8 @@ A tool describes its questions as a function of the answers so far
 
 Declines and cancels end the flow with an :class:`Outcome` the tool reports,
 never an exception. The request state is mcpfleet's own envelope
-(``{"v": 1, "answers": ..., "pending": key}``, and ``"flow": id`` for a
-once-flow), so any answer key is free for the tool to use.
+(``{"v": 1, "answers": ..., "pending": key}``, and ``"flow": id`` with
+``"end": time`` for a once-flow), so any answer key is free for the tool to use.
 
 ``ask_then(..., once=True)`` makes the end of a modern-era tool flow happen once
 per flow, fleet-wide: a replay of the final round, on any replica, returns the
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
@@ -53,7 +55,7 @@ from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, Inpu
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
-from mcpfleet.once import new_flow_id, run_once, valid_flow_id
+from mcpfleet.once import flow_end, new_flow_id, run_once, valid_flow_id
 
 __all__ = [
     "Answers",
@@ -129,6 +131,14 @@ class _Restored:
     pending: str | None
     flow: str | None
     continued: bool
+    #: A once-flow's end (wall clock), sealed by its first round; None before it existed.
+    end: float | None = None
+
+
+def _end(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _restore(ctx: Context) -> _Restored:
@@ -145,7 +155,13 @@ def _restore(ctx: Context) -> _Restored:
         if not isinstance(answers, dict) or not (pending is None or isinstance(pending, str)):
             raise ValueError("request state does not hold answers and a pending key")
         flow = state.get("flow")
-        return _Restored(answers, pending, flow if valid_flow_id(flow) else None, continued=True)
+        return _Restored(
+            answers,
+            pending,
+            flow if valid_flow_id(flow) else None,
+            continued=True,
+            end=_end(state.get("end")),
+        )
     # A round sealed before the envelope existed (a replica of an older version).
     pending = state.pop(_LEGACY_PENDING, None)
     return _Restored(state, pending if isinstance(pending, str) else None, None, continued=True)
@@ -183,32 +199,36 @@ async def ask(ctx: Context, next_question: NextQuestion) -> Outcome | InputRequi
     ``InputRequiredResult`` the tool must return to ask the next question.
     :func:`ask_then` does that branching for you.
     """
-    result, _ = await _ask(ctx, next_question, once=False)
+    result, _, _ = await _ask(ctx, next_question, once=False)
     return result
 
 
 def _modern_round(
     ctx: Context, next_question: NextQuestion, once: bool
-) -> tuple[Outcome | InputRequiredResult, str | None]:
-    """One modern-era round: the outcome (or next question) and the flow id to claim, if any."""
+) -> tuple[Outcome | InputRequiredResult, str | None, float | None]:
+    """One modern-era round: the outcome (or next question), the flow id to claim if any,
+    and the flow's end."""
     restored = _restore(ctx)
-    answers, flow = restored.answers, restored.flow
+    answers, flow, end = restored.answers, restored.flow, restored.end
     if once and restored.continued and flow is None:
         # Sealed without a flow id: by a round without once, or an older replica.
         raise ToolError(
             "This request continues a flow that was not started with exactly-once protection; "
             "start the action again."
         )
+    if once and end is not None and time.time() > end:
+        # Its claim lives until the end (plus a margin): past it, a replay could run again.
+        raise ToolError("This action's confirmation expired; start the action again.")
     if once and flow is None:
-        flow = new_flow_id()
+        flow, end = new_flow_id(), flow_end(ctx.fastmcp)
     # Only a round that continued a flow can be a replay of its end.
     claim = flow if once and restored.continued else None
     ended = _fold(ctx, answers, restored.pending, next_question)
     if ended is not None:
-        return ended, claim
+        return ended, claim, end
     question = next_question(answers)
     if question is None:
-        return Outcome(status="done", answers=answers), claim
+        return Outcome(status="done", answers=answers), claim, end
     config = parse_elicit_response_type(question.response_type)
     request = ElicitRequest(
         params=ElicitRequestFormParams(message=question.message, requested_schema=config.schema)
@@ -216,13 +236,16 @@ def _modern_round(
     envelope: dict[str, Any] = {"v": _STATE_VERSION, "answers": answers, "pending": question.key}
     if flow is not None:
         envelope["flow"] = flow
+        if end is not None:
+            envelope["end"] = round(end, 3)
     state = json.dumps(envelope, separators=(",", ":"))
-    return InputRequiredResult(input_requests={question.key: request}, request_state=state), None
+    request_state = InputRequiredResult(input_requests={question.key: request}, request_state=state)
+    return request_state, None, end
 
 
 async def _ask(
     ctx: Context, next_question: NextQuestion, *, once: bool
-) -> tuple[Outcome | InputRequiredResult, str | None]:
+) -> tuple[Outcome | InputRequiredResult, str | None, float | None]:
     if is_modern(ctx):
         return _modern_round(ctx, next_question, once)
 
@@ -233,9 +256,9 @@ async def _ask(
             status: Literal["declined", "cancelled"] = (
                 "declined" if result.action == "decline" else "cancelled"
             )
-            return Outcome(status=status, answers=answers, key=question.key), None
+            return Outcome(status=status, answers=answers, key=question.key), None, None
         answers[question.key] = _jsonable(result.data)
-    return Outcome(status="done", answers=answers), None
+    return Outcome(status="done", answers=answers), None, None
 
 
 async def _call(finish: Callable[[Outcome], T | Awaitable[T]], outcome: Outcome) -> T:
@@ -288,7 +311,12 @@ async def ask_then(
     ``finish``. Two replays racing: ``finish`` runs once; the other gets the
     stored result after a bounded wait, or a retryable error. A ledger that
     cannot be asked fails the round with a retryable error
-    (:class:`~mcpfleet.once.FlowUnavailable`) and never runs ``finish``.
+    (:class:`~mcpfleet.once.FlowUnavailable`) and never runs ``finish``; a
+    replay of a flow whose ``finish`` started on a replica that died before
+    storing its result gets :class:`~mcpfleet.once.FlowOutcomeUnknown`. A
+    once-flow ends one token TTL (of the replica that served its first round)
+    after its first round: a later round is refused, so the ledger's claim,
+    which lives past that end, outlives every token of the flow.
     On the handshake era a flow lives in one request of one process, so there
     is no final round to replay: ``finish`` runs once per call, as without
     ``once``.
@@ -301,7 +329,7 @@ async def ask_then(
     """
     if once and is_modern(ctx):
         _called_tool(ctx)  # a prompt or resource is refused at its first round
-    outcome, claim = await _ask(ctx, next_question, once=once)
+    outcome, claim, end = await _ask(ctx, next_question, once=once)
     if isinstance(outcome, InputRequiredResult):
         return outcome
     if claim is None:
@@ -315,4 +343,4 @@ async def ask_then(
         return (await _tool_of(ctx)).convert_result(value)
 
     # finish's value, or a replay's ToolResult (FastMCP passes a ToolResult through as is).
-    return cast(T, await run_once(ctx.fastmcp, claim, finish_once, convert))
+    return cast(T, await run_once(ctx.fastmcp, claim, finish_once, convert, end=end))

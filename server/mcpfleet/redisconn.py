@@ -23,16 +23,27 @@ master's; the sentinels are asked without credentials, over TLS when the
 URL is ``rediss+sentinel://``. redis-py's Sentinel pools ask the sentinels for the
 master at every new connection and drop connections to a demoted one, which
 is all following a failover takes: the components' usual Redis-down path
-(retry, degrade, write back) covers the seconds in between.
+(retry, degrade, write back) covers the seconds in between, and a step that
+must not fail during a failover (a once-flow's claim) waits for the new
+master with :func:`ride_through`.
+
+Fail fast, bounded: every client is built with at most :data:`RETRIES` retry,
+on a connection error only, with no backoff (redis-py's default retries ten
+times with a growing backoff, which turned a 0.5 s socket timeout into 10-18 s
+waits); a timeout is never retried (the command may have run). A request's
+path also puts a deadline around each Redis step (:func:`within`), so the
+wait is bounded whatever the client does inside it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import unquote
 
 if TYPE_CHECKING:  # redis itself is imported when a client is built: config stays light
@@ -45,6 +56,21 @@ DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
 #: The flag a password belongs in, named by every refusal.
 PASSWORD_FILE_FLAG = "--redis-password-file"
+#: Retries of one command, on a connection error only (a stale pooled connection,
+#: a master that just moved), at once: never on a timeout, never with a backoff.
+RETRIES = 1
+#: The default deadline of one Redis step on a request's path (seconds): a
+#: socket timeout (0.5 s) and one retry on a fresh connection fit in it.
+DEFAULT_DEADLINE = 1.0
+#: The default time a step that must ride through a Sentinel failover waits for
+#: the new master: the chart's Sentinel settings (down-after 1 s, failover
+#: within a few seconds; failover-timeout 5 s) plus a margin.
+DEFAULT_FAILOVER_WAIT = 8.0
+#: The oldest Redis the components work with: ``SET ... NX GET`` (the once
+#: ledger's claim) and ``PEXPIRE ... GT`` came with 7.0.
+MIN_VERSION = (7, 0)
+
+T = TypeVar("T")
 
 Source = Literal["argument", "environment", "file", "library"]
 
@@ -304,11 +330,12 @@ class RedisSettings:
             out["password"] = p.password
         return out
 
-    def connection_kwargs(self, timeout: float) -> dict[str, Any]:
+    def connection_kwargs(self, timeout: float, *, aio: bool = True) -> dict[str, Any]:
         """Arguments every connection (master or sentinel) is built with."""
         return {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
+            "retry": fail_fast_retry(aio=aio),
             # No CLIENT SETINFO on connect: not in any component's ACL rules.
             "driver_info": None,
             **self.auth_kwargs(),
@@ -415,9 +442,23 @@ def from_options(
 # --------------------------------------------------------------------------- clients
 
 
-def _plain_kwargs(s: RedisSettings, timeout: float) -> dict[str, Any]:
+def fail_fast_retry(*, aio: bool = True) -> Any:
+    """redis-py's retry policy for every client: :data:`RETRIES` at once, connection errors only."""
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    if aio:
+        from redis.asyncio.retry import Retry as AsyncRetry
+
+        return AsyncRetry(NoBackoff(), RETRIES, supported_errors=(RedisConnectionError,))
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), RETRIES, supported_errors=(RedisConnectionError,))
+
+
+def _plain_kwargs(s: RedisSettings, timeout: float, *, aio: bool = True) -> dict[str, Any]:
     p = s.parsed
-    kwargs = s.connection_kwargs(timeout)
+    kwargs = s.connection_kwargs(timeout, aio=aio)
     kwargs["db"] = p.db
     if p.scheme == "unix":
         kwargs["unix_socket_path"] = p.path
@@ -454,7 +495,7 @@ def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
     import redis.sentinel
 
     if s.parsed.sentinel:
-        conn = s.connection_kwargs(timeout)
+        conn = s.connection_kwargs(timeout, aio=False)
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             list(s.parsed.hosts),
             sentinel_kwargs=_sentinel_kwargs(conn),
@@ -464,7 +505,7 @@ def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
             s.parsed.master, db=s.parsed.db
         )
         return master
-    return redis.Redis(**_plain_kwargs(s, timeout))
+    return redis.Redis(**_plain_kwargs(s, timeout, aio=False))
 
 
 async def follow_master(client: Any) -> bool:
@@ -487,6 +528,73 @@ async def follow_master(client: Any) -> bool:
         return False
     await pool.disconnect(inuse_connections=True)
     return True
+
+
+def through_sentinel(client: Any) -> bool:
+    """Whether ``client`` finds its master through Sentinel (and may see it move)."""
+    return hasattr(getattr(client, "connection_pool", None), "get_master_address")
+
+
+async def within(deadline: float, step: Awaitable[T]) -> T:
+    """``step``, or :class:`TimeoutError` (an ``OSError``) once ``deadline`` seconds passed.
+
+    Every Redis call on a request's path goes through here (or
+    :func:`ride_through`): whatever the client does inside (connect, a health
+    check PING, a retry), the caller has its answer within the deadline.
+    """
+    async with asyncio.timeout(deadline):
+        return await step
+
+
+#: Seconds between two tries of a step riding through a failover.
+FAILOVER_PAUSE = 0.2
+
+
+async def ride_through(
+    client: Any,
+    step: Callable[[], Awaitable[T]],
+    *,
+    deadline: float,
+    failover_wait: float,
+) -> T:
+    """``step()`` within ``deadline``; through Sentinel, tried again until the master answers.
+
+    A plain Redis that does not answer fails at once (after ``deadline`` at
+    most): it is gone, and waiting for it helps nobody. Through Sentinel, a
+    connection error or a timeout may be a failover in progress: the step is
+    tried again, every :data:`FAILOVER_PAUSE` seconds, until it succeeds or
+    ``failover_wait`` seconds have passed since the first try, then the last
+    error is raised. Any other error (a refusal by Redis: NOPERM, OOM) is
+    raised at once. ``step`` must be safe to send twice (the once ledger's
+    claim carries a token that recognises its own record).
+    """
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    limit = time.monotonic() + (failover_wait if through_sentinel(client) else 0.0)
+    while True:
+        try:
+            return await within(deadline, step())
+        except (RedisConnectionError, RedisTimeout, OSError):
+            if time.monotonic() + FAILOVER_PAUSE >= limit:
+                raise
+        await asyncio.sleep(FAILOVER_PAUSE)
+
+
+def version_error(info: dict[str, Any]) -> str | None:
+    """Why the Redis server that answered ``INFO server`` is too old, or None (pure)."""
+    raw = str(info.get("redis_version", ""))
+    try:
+        found = tuple(int(part) for part in raw.split(".")[:2])
+    except ValueError:
+        return None  # a fork that names its version otherwise: let it try
+    if len(found) == 2 and found < MIN_VERSION:
+        need = ".".join(map(str, MIN_VERSION))
+        return (
+            f"Redis {raw} is too old: mcpfleet needs Redis {need} or newer "
+            "(SET NX GET for once-flows, PEXPIRE GT)"
+        )
+    return None
 
 
 def _sentinel_kwargs(conn: dict[str, Any]) -> dict[str, Any]:
@@ -596,11 +704,15 @@ __all__: Sequence[str] = (
     "RedisURL",
     "async_client",
     "describe",
+    "fail_fast_retry",
     "from_args",
     "from_options",
     "parse_url",
     "read_secret_file",
     "redact_url",
+    "ride_through",
     "settings",
     "sync_client",
+    "version_error",
+    "within",
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import redis
 import redis.asyncio as aioredis
@@ -114,6 +114,8 @@ class Publisher:
         interval: float = HEARTBEAT_INTERVAL,
         ttl: float = HEARTBEAT_TTL,
         redis_label: str = "",
+        sessions: Callable[[], Iterable[str]] | None = None,
+        session_ttl: float = 1800.0,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -121,15 +123,46 @@ class Publisher:
         self.interval = interval
         self.ttl = ttl
         self.redis_label = redis_label
+        self.sessions = sessions
+        self.session_ttl = session_ttl
         self.healthy: bool | None = None
+        self._published = False
         self._wake = asyncio.Event()
 
     async def publish_once(self) -> None:
+        """Write the attestation; if Redis had lost it, write this replica's routes back.
+
+        A record missing at a heartbeat after the first means Redis forgot it
+        (restarted empty, failed over without it, or was away longer than the
+        record's TTL): the routes of this replica's live sessions may be gone
+        too, and a router that never cached one would end the session.
+        """
         record = self.snapshot()
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.keys.replica(record.name), record.to_json(), px=int(self.ttl * 1000))
+        pipe.set(
+            self.keys.replica(record.name), record.to_json(), px=int(self.ttl * 1000), get=True
+        )
         pipe.sadd(self.keys.replicas, record.name)
-        await pipe.execute()
+        before, _ = await pipe.execute()
+        if before is None and self._published:
+            await self.republish_sessions(record.name)
+        self._published = True
+
+    async def republish_sessions(self, name: str) -> int:
+        """Write the route of every live session of this replica back (only where absent)."""
+        sessions = list(self.sessions()) if self.sessions is not None else []
+        if not sessions:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for session in sessions:
+            pipe.set(self.keys.session(session), name, px=int(self.session_ttl * 1000), nx=True)
+        written = sum(map(bool, await pipe.execute()))
+        log.warning(
+            "Redis had lost this replica's record: wrote back %d of %d session route(s)",
+            written,
+            len(sessions),
+        )
+        return written
 
     def nudge(self) -> None:
         """Publish now (a state or ring change) rather than at the next tick."""

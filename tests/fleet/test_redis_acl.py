@@ -259,8 +259,10 @@ def test_a_command_outside_the_rules_is_refused(
     keys = RedisKeys("blue")
     outside = {
         "replica": [
-            ("GET", keys.session("s")),
-            ("SET", keys.session("s"), "replica-0"),
+            # Its own sessions' routes it may write back (SET NX), never extend or list.
+            ("PEXPIRE", keys.session("s"), "1000"),
+            ("GET", RedisKeys("other").once("s")),
+            ("SCRIPT", "FLUSH"),
             ("KEYS", "*"),
             ("FLUSHALL",),
             ("CONFIG", "GET", "requirepass"),

@@ -22,6 +22,7 @@ EXPECTED = {
     "McpfleetKeyTooOld",
     "McpfleetRouterErrorRatioHigh",
     "McpfleetSessionCapReached",
+    "McpfleetRedisMemoryNearMax",
 }
 
 

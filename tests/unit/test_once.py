@@ -41,10 +41,19 @@ class DownLedger:
     async def claim(self, flow: str, record: Record, ttl: float) -> Record | None:
         raise LedgerUnavailable("connection refused")
 
+    async def confirm(self, flow: str, mine: Record, lifetime: float, replied: float) -> Any:
+        raise LedgerUnavailable("connection refused")
+
     async def store(self, flow: str, record: Record, ttl: float) -> None:
         raise LedgerUnavailable("connection refused")
 
+    async def release(self, flow: str, mine: Record) -> bool:
+        raise LedgerUnavailable("connection refused")
+
     async def get(self, flow: str) -> Record | None:
+        raise LedgerUnavailable("connection refused")
+
+    async def alive(self, replica: str, boot: str) -> bool:
         raise LedgerUnavailable("connection refused")
 
 
@@ -239,6 +248,16 @@ class RetriedReply:
     async def get(self, key: str) -> str | None:
         return self.data.get(key)
 
+    async def eval(self, script: str, numkeys: int, key: str, *args: Any) -> int:
+        """The confirm and release scripts, as Redis runs them (the lease is never short)."""
+        if self.data.get(key) != args[0]:
+            return 0
+        if "PTTL" in script:
+            self.data[key] = args[1]
+            return 1
+        del self.data[key]
+        return 1
+
 
 async def test_a_claim_sent_again_after_a_lost_reply_is_still_the_claim() -> None:
     """The retried ``SET NX GET`` finds the record its first execution wrote: that is
@@ -256,3 +275,88 @@ async def test_a_claim_sent_again_after_a_lost_reply_is_still_the_claim() -> Non
     assert runs == [1]
     assert replay.meta == {ONCE_META_KEY: {"replayed": True}}
     assert seen == [OnceOutcome.CLAIMED, OnceOutcome.REPLAYED]
+
+
+def test_a_confirmed_claim_outlives_the_flows_end_whatever_this_replicas_ttl() -> None:
+    from mcpfleet.once import CLOCK_MARGIN, claim_lifetime
+
+    # Sealed by a 600 s replica at t=1000, claimed at t=1010 by a 5 s replica.
+    assert claim_lifetime(5, 1600.0, 1010.0) == 590 + CLOCK_MARGIN
+    # An envelope without an end (an older replica): this replica's TTL.
+    assert claim_lifetime(5, None, 1010.0) == 5 + CLOCK_MARGIN
+    assert claim_lifetime(600, 1005.0, 1010.0) == 600 + CLOCK_MARGIN
+
+
+class DeadClaimer(MemoryLedger):
+    async def alive(self, replica: str, boot: str) -> bool:
+        return replica != "gone"
+
+
+async def test_a_replay_of_a_flow_whose_claimer_died_in_finish_is_outcome_unknown() -> None:
+    from mcpfleet.once import FlowOutcomeUnknown
+
+    ledger = DeadClaimer()
+    app, seen = app_with(ledger, wait=2.0)
+    flow = new_flow_id()
+    await ledger.claim(flow, Record("running", "gone", claim="x", finishing=True), 60)
+    runs: list[int] = []
+    with pytest.raises(FlowOutcomeUnknown):
+        await run_once(app, flow, counting(runs), convert)
+    assert runs == [] and seen == [OnceOutcome.UNKNOWN]
+
+
+async def test_an_unconfirmed_claim_of_a_dead_claimer_blocks_only_for_its_lease() -> None:
+    clock = Clock()
+    ledger = MemoryLedger(clock=clock)
+    app, _ = app_with(ledger, wait=0.2)
+    flow = new_flow_id()
+    await ledger.claim(flow, Record("running", "gone", claim="x"), 5)
+    runs: list[int] = []
+    with pytest.raises(FlowUnavailable):
+        await run_once(app, flow, counting(runs), convert)
+    clock.now += 5.1  # the lease ran out
+    await run_once(app, flow, counting(runs), convert)
+    assert runs == [1]
+
+
+async def test_a_claim_that_landed_after_its_round_gave_up_is_released() -> None:
+    class LateLedger(MemoryLedger):
+        """The claim times out for the caller, but lands (a stalled Redis resumes)."""
+
+        async def claim(self, flow: str, record: Record, lease: float) -> Record | None:
+            await super().claim(flow, record, lease)
+            raise LedgerUnavailable("no answer within 1s")
+
+    ledger = LateLedger()
+    app, _ = app_with(ledger)
+    flow = new_flow_id()
+    with pytest.raises(FlowUnavailable):
+        await run_once(app, flow, counting([]), convert)
+    assert await ledger.get(flow) is not None
+    await settle()
+    assert await ledger.get(flow) is None, "the late claim was released"
+
+
+async def test_a_confirmation_later_than_its_deadline_runs_nothing() -> None:
+    client = RetriedReply()
+    ledger = RedisLedger(client, RedisKeys("f"), deadline=1.0)
+    mine = Record("running", "r0", claim="t")
+    client.data[RedisKeys("f").once("flow")] = mine.to_json()
+    # The claim's reply came 4.5 s ago: with a 1 s deadline the lease may be nearly out.
+    import time
+
+    from mcpfleet.once import Confirmed
+
+    said = await ledger.confirm("flow", mine, 600, time.monotonic() - 4.5)
+    assert said is Confirmed.LATE
+
+
+async def test_a_full_redis_refuses_new_once_flows_with_the_retryable_error() -> None:
+    ledger = RedisLedger(RetriedReply(), RedisKeys("f"), memory_limit=0.8)
+    ledger.memory_share = 0.85
+    ledger._memory_checked = 10**12  # no check now
+    app, seen = app_with(ledger)
+    with pytest.raises(FlowUnavailable) as err:
+        await run_once(app, new_flow_id(), counting([]), convert)
+    assert err.value.reason is OnceOutcome.FULL and "full" in str(err.value)
+    assert seen == [OnceOutcome.FULL]

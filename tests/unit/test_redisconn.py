@@ -351,3 +351,25 @@ async def test_following_the_master_is_a_no_op_without_sentinel() -> None:
         assert await redisconn.follow_master(client) is False
     finally:
         await client.aclose()
+
+
+def test_a_redis_older_than_7_is_refused_with_the_version_it_needs() -> None:
+    from mcpfleet.redisconn import version_error
+
+    assert version_error({"redis_version": "7.0.15"}) is None
+    assert version_error({"redis_version": "8.2.1"}) is None
+    problem = version_error({"redis_version": "6.2.14"})
+    assert problem is not None and "6.2.14" in problem and "7.0" in problem
+
+
+def test_clients_retry_once_on_a_connection_error_only_and_never_back_off() -> None:
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from mcpfleet.redisconn import async_client, settings
+
+    client = async_client(settings("redis://127.0.0.1:1/0"), timeout=0.5)
+    retry = client.connection_pool.connection_kwargs["retry"]
+    assert retry.get_retries() == 1
+    assert isinstance(retry._backoff, NoBackoff)
+    assert retry._supported_errors == (RedisConnectionError,)

@@ -4,11 +4,15 @@ Replicas load it as ``--app fleetkit.onceapp:app``. ``charge`` asks one question
 then appends one line to the file named by ``$MCPFLEET_TEST_EFFECTS`` per run of
 ``finish`` (with ``O_APPEND``, so replicas in several processes never interleave
 a line): the tests count side effects, not answers. ``charge_plain`` is the same
-flow without ``once``.
+flow without ``once``. ``charge_slow`` marks ``start <order>`` when its
+``finish`` begins, waits ``before`` seconds, charges, then waits ``after``
+seconds before answering: a replica killed in either wait died between the
+claim and the side effect, or between the side effect and the stored result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from fastmcp import Context, FastMCP
@@ -51,3 +55,20 @@ async def charge_plain(order: str, ctx: Context) -> str | InputRequiredResult:
     """The same flow without ``once``: every replay of the final round charges again."""
     questions = first_missing([Question("ok", f"Charge {order}?", bool)])
     return await ask_then(ctx, questions, _finish(order, False))
+
+
+@app.tool
+async def charge_slow(
+    order: str, ctx: Context, before: float = 0.0, after: float = 0.0
+) -> str | InputRequiredResult:
+    """``charge`` with waits around the side effect, for kills in between."""
+
+    async def finish(outcome: Outcome) -> str:
+        _effect(f"start {order}")
+        await asyncio.sleep(before)
+        _effect(f"{order} once=True pid={os.getpid()}")
+        await asyncio.sleep(after)
+        return f"{order}: charged"
+
+    questions = first_missing([Question("ok", f"Charge {order}?", bool)])
+    return await ask_then(ctx, questions, finish, once=True)

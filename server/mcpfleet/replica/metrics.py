@@ -18,8 +18,13 @@ in the same registry and served on the same ``/metrics``):
 * ``mcpfleet_once_total{outcome}``: final rounds of exactly-once flows
   (``ask_then(..., once=True)``) by what the ledger said: ``claimed`` (finish
   ran), ``replayed`` (the stored result returned), ``unavailable`` (the ledger
-  could not be asked: the retryable error), ``pending`` (a replay gave up
-  waiting for a racing claimer), ``unkept`` (a replay of a result not kept).
+  could not be asked: the retryable error), ``full`` (Redis near its
+  maxmemory: the retryable error), ``pending`` (a replay gave up waiting for a
+  racing claimer), ``unkept`` (a replay of a result not kept), ``unknown`` (a
+  replay of a flow whose claimer died mid-``finish``: outcome unknown).
+* ``mcpfleet_redis_memory_ratio``: Redis's used memory over its maxmemory, as
+  this replica last read it (0 when Redis has no maxmemory or was not read);
+  once-flows are refused past ``--once-memory-limit``.
 * ``mcpfleet_replica_build_info``, live handshake sessions, requests in flight,
   listening streams, ready and draining state.
 
@@ -199,6 +204,11 @@ class ReplicaMetrics:
         )
         for outcome in OnceOutcome:
             self.once.labels(outcome.value)
+        self.redis_memory = Gauge(
+            "mcpfleet_redis_memory_ratio",
+            "Redis used memory over its maxmemory, as this replica last read it (0: no maxmemory).",
+            registry=r,
+        )
         build = Gauge(
             "mcpfleet_replica_build_info",
             "The replica's software: mcpfleet, fastmcp and mcp versions, and the app served.",

@@ -17,7 +17,7 @@ both on one scale:
 
 A 3-question booking is 3 asking rounds and 1 final round in either era.
 
-Metrics (names and labels are a contract; see the README's Observability
+Metrics (names and labels are a contract; see docs/observability.md
 section):
 
 * ``mcpfleet_rounds_total{kind, component_type, component, era, outcome, step}``

@@ -47,6 +47,7 @@ from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
+from mcpfleet.redisconn import version_error, within
 from mcpfleet.registry import Publisher, connect, redact_url
 from mcpfleet.replica.appload import install_codec, load_app
 from mcpfleet.replica.gate import GateState, ReplicaGate
@@ -88,6 +89,8 @@ class Replica:
         )
         inner = self.mcp_app.http_app(
             path=MCP_PATH,
+            # The replica forgets an idle session when the router's route expires.
+            session_idle_timeout=config.session_idle,
             host_origin_protection="auto",
             allowed_hosts=list(config.allowed_hosts) or None,
             allowed_origins=list(config.allowed_origins) or None,
@@ -124,6 +127,7 @@ class Replica:
             token_ttl=self.config.state_ttl,
             replica=self.name,
             observe=self.metrics.once_outcome,
+            boot=self.started,
         )
 
     def _ring_changed(self, ring: KeyRing) -> None:
@@ -137,7 +141,20 @@ class Replica:
         client = None
         if self.config.redis_url:
             client = connect(self.config.redis_url, self.config.redis_files)
-            self._install_ledger(RedisLedger(client, RedisKeys(self.config.fleet)))
+            await check_redis_version(client, self.config.redis_deadline)
+            ledger = RedisLedger(
+                client,
+                RedisKeys(self.config.fleet),
+                deadline=self.config.redis_deadline,
+                failover_wait=self.config.redis_failover_wait,
+                memory_limit=self.config.once_memory_limit,
+            )
+            self._install_ledger(ledger)
+            tasks.append(
+                asyncio.create_task(
+                    ledger.watch_memory(self.metrics.redis_memory.set), name="redis-memory"
+                )
+            )
             self.publisher = Publisher(
                 client,
                 RedisKeys(self.config.fleet),
@@ -145,6 +162,8 @@ class Replica:
                 interval=self.config.heartbeat_interval,
                 ttl=self.config.heartbeat_ttl,
                 redis_label=redact_url(self.config.redis_url),
+                sessions=self.state.sessions.keys,
+                session_ttl=self.config.session_idle,
             )
             tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
         try:
@@ -186,6 +205,33 @@ class Replica:
             self.state.inflight,
             self.state.live_sessions(),
         )
+
+
+class RedisTooOld(RuntimeError):
+    """The fleet's Redis lacks a command the replica needs; the message says which version."""
+
+
+async def check_redis_version(client: Any, deadline: float) -> None:
+    """Refuse to start on a Redis older than 7.0; a Redis that does not answer is let be.
+
+    An unreachable Redis is an outage the replica serves through (it retries
+    in the background); a Redis that answers with too old a version would
+    fail every once-flow's claim, so the replica says so at start.
+    """
+    try:
+        info = await within(deadline, client.info("server"))
+    except Exception as exc:
+        log.warning("Redis version not checked (%s): it is checked again at the next start", exc)
+        return
+    problem = version_error(info)
+    if problem is not None:
+        log.error("%s", problem)
+        raise RedisTooOld(problem)
+
+
+#: The MCP SDK's session manager logs every session id at INFO; a handshake
+#: session id is bearer-equivalent where the app has no auth.
+SESSION_ID_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
 
 
 def install_rounds_middleware(app: Any, metrics: ReplicaMetrics) -> PrometheusMiddleware:
@@ -271,6 +317,8 @@ def build_asgi(replica: Replica) -> ASGIApp:
 def run_replica(config: ReplicaConfig) -> None:
     """Serve one replica until drained (SIGTERM) or stopped (SIGINT)."""
     ring = read_ring(config.keys_dir)
+    for name in SESSION_ID_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     replica = Replica(config, ring)
     log.info(
         "replica %s serving %s at %s, key ring kids %s, fleet %s, redis %s",

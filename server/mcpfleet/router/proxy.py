@@ -131,9 +131,19 @@ class Router:
         self.health = Health()
         self.redis = connect(config.redis_url, config.redis_files)
         self.view = ReplicaView(
-            self.redis, self.keys, self.health, absent_limit=config.owner_absent_limit
+            self.redis,
+            self.keys,
+            self.health,
+            absent_limit=config.owner_absent_limit,
+            deadline=config.redis_deadline,
         )
-        self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
+        self.sessions = SessionTable(
+            self.redis,
+            self.keys,
+            self.health,
+            ttl=config.session_ttl,
+            deadline=config.redis_deadline,
+        )
         self.metrics = RouterMetrics()
         self.origin_policy = OriginPolicy.for_bind(
             config.host, config.allowed_hosts, config.allowed_origins

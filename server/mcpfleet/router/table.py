@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from mcpfleet.contract import Attestation, RedisKeys
-from mcpfleet.redisconn import describe
+from mcpfleet.redisconn import DEFAULT_DEADLINE, describe, within
 from mcpfleet.registry import read_replicas
 from mcpfleet.router.decisions import Candidate
 
@@ -150,6 +150,8 @@ class ReplicaView:
     health: Health
     missing_grace: float = 2.0
     absent_limit: float = 10.0
+    #: Seconds each Redis call may take, whatever the client does inside it.
+    deadline: float = DEFAULT_DEADLINE
     state: ViewState = field(default_factory=ViewState)
     inflight: dict[str, int] = field(default_factory=dict)
     refreshed: float = 0.0
@@ -161,7 +163,7 @@ class ReplicaView:
 
     async def refresh(self) -> None:
         try:
-            registry = await read_replicas(self.client, self.keys)
+            registry = await within(self.deadline, read_replicas(self.client, self.keys))
         except RedisDown as exc:
             self.health.fail(exc)
             return
@@ -263,7 +265,9 @@ class SessionTable:
         *,
         ttl: float,
         cache_size: int = 200_000,
+        deadline: float = DEFAULT_DEADLINE,
     ) -> None:
+        self.deadline = deadline
         self.client = client
         self.keys = keys
         self.health = health
@@ -294,7 +298,7 @@ class SessionTable:
                 self._spawn(self._touch(session))
             return owner, LookupSource.CACHE
         try:
-            raw = await self.client.get(self.keys.session(session))
+            raw = await within(self.deadline, self.client.get(self.keys.session(session)))
         except RedisDown as exc:
             self.health.fail(exc)
             return None, LookupSource.UNKNOWN
@@ -308,7 +312,10 @@ class SessionTable:
         """Remember a new session's owner; written to Redis before the client hears of it."""
         self._remember(session, owner, time.monotonic())
         try:
-            await self.client.set(self.keys.session(session), owner, px=int(self.ttl * 1000))
+            await within(
+                self.deadline,
+                self.client.set(self.keys.session(session), owner, px=int(self.ttl * 1000)),
+            )
         except RedisDown as exc:
             self.health.fail(exc)
             self._unsaved[session] = owner
@@ -317,7 +324,7 @@ class SessionTable:
         self._cache.pop(session, None)
         self._unsaved.pop(session, None)
         try:
-            await self.client.delete(self.keys.session(session))
+            await within(self.deadline, self.client.delete(self.keys.session(session)))
         except RedisDown as exc:
             self.health.fail(exc)
 
