@@ -17,8 +17,7 @@ both on one scale:
 
 A 3-question booking is 3 asking rounds and 1 final round in either era.
 
-Metrics (names and labels are a contract; see docs/observability.md
-section):
+Metrics (names and labels are a contract; see docs/observability.md):
 
 * ``mcpfleet_rounds_total{kind, component_type, component, era, outcome, step}``
 * ``mcpfleet_elicitation_responses_total{era, action, component_type, component}``
