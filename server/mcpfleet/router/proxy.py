@@ -17,7 +17,9 @@ streams included, then passes through unbuffered
 (:mod:`~mcpfleet.router.upstream`). A client that goes away tears down
 the upstream request, and vice versa. Requests that no replica processed
 (refused connection, a draining replica's 503) are resent to another replica;
-nothing else is retried.
+nothing else is retried: a request that may have reached a replica gets a
+502 marked ``X-Mcpfleet-Router-Error`` (a session's: the spec's 404 when its
+owner then refuses connections).
 
 Shutdown (SIGTERM, after the Pod's preStop pause): for ``drain_linger`` seconds
 the router still serves, but every response carries ``Connection: close`` and
@@ -99,6 +101,7 @@ class OwnerGone(enum.StrEnum):
     DEREGISTERED = "deregistered"  # known dead, or absent from the registry too long
     REFUSED = "refused"  # its address refused the connection
     UNKNOWN_TO_OWNER = "unknown_to_owner"  # it answered that it no longer has the session
+    DIED = "died"  # it dropped a request mid-way and then refused connections
 
 
 class Route(enum.StrEnum):
@@ -120,6 +123,16 @@ async def _respond(
 async def _retry_later(send: Send, status: int, code: int, message: str) -> None:
     """A JSON-RPC error the client may retry in a second (503 or 502 with Retry-After)."""
     await _respond(send, status, jsonrpc_error(code, message), [(b"retry-after", b"1")])
+
+
+async def _outcome_unknown(send: Send, replica: str) -> None:
+    """The 502 for a request a replica may have run: no Retry-After, it is not a hint
+    that sending it again is safe (a once-flow's replay is; a plain tool's may not be)."""
+    message = (
+        f"Replica {replica} dropped the connection before answering: "
+        "the request may have run; it was not sent again"
+    )
+    await _respond(send, 502, jsonrpc_error(-32603, message))
 
 
 class Router:
@@ -310,6 +323,14 @@ class Router:
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
             return await self._owner_gone(send, session, owner, OwnerGone.UNKNOWN_TO_OWNER)
+        if outcome is Failure.DROPPED:
+            # The owner may have run the request, so it goes nowhere else. An owner
+            # that no longer takes connections died with the session: the spec's 404.
+            if not await self.upstream.accepts(address):
+                self.view.forget(owner)
+                return await self._owner_gone(send, session, owner, OwnerGone.DIED)
+            await _outcome_unknown(send, owner)
+            return Failure.DROPPED
         if scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.forget(session)
@@ -354,6 +375,8 @@ class Router:
                     self.view.forget(replica.name)
                 self.metrics.retries.labels(outcome.value).inc()
                 continue
+            if outcome is Failure.DROPPED:
+                await _outcome_unknown(send, replica.name)
             return _outcome(outcome)
         full = (
             kind is RouteKind.INITIALIZE
@@ -389,12 +412,9 @@ class Router:
         try:
             try:
                 upstream = await self.upstream.open(scope, name, address, body)
-            except Dropped as exc:
-                # The request may or may not have been processed: never resent. A
-                # session survives this (its owner is alive); the client may retry.
-                status = 503 if kind is RouteKind.STICKY else 502
-                await _retry_later(send, status, -32603, str(exc))
-                return status
+            except Dropped:
+                # The request may have been processed: never re-sent. The caller answers.
+                return Failure.DROPPED
             if isinstance(upstream, Failure):
                 return upstream
             if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
