@@ -142,11 +142,22 @@ class Router:
         self.config = config
         self.keys = RedisKeys(config.fleet)
         self.health = Health()
-        self.redis = connect(config.redis_url, config.redis_files)
+        self.redis = connect(
+            config.redis_url,
+            config.redis_files,
+            pool_size=config.redis_pool_size,
+            pool_wait=config.redis_pool_wait,
+        )
         self.view = ReplicaView(
             self.redis, self.keys, self.health, absent_limit=config.owner_absent_limit
         )
-        self.sessions = SessionTable(self.redis, self.keys, self.health, ttl=config.session_ttl)
+        self.sessions = SessionTable(
+            self.redis,
+            self.keys,
+            self.health,
+            ttl=config.session_ttl,
+            negative_ttl=config.unknown_session_ttl,
+        )
         self.metrics = RouterMetrics()
         self.origin_policy = OriginPolicy.for_bind(
             config.host, config.allowed_hosts, config.allowed_origins
@@ -181,7 +192,7 @@ class Router:
                 {n: a.state for n, a in self.view.replicas.items()},
                 {n: a.sessions for n, a in self.view.replicas.items()},
             )
-            if (was_degraded or moved) and not self.health.degraded:
+            if (was_degraded or moved or self.sessions.unsaved) and not self.health.degraded:
                 # Redis may have restarted empty, or failed over without the
                 # latest writes: put back what this router knows.
                 await self.sessions.republish()
@@ -300,6 +311,10 @@ class Router:
         owner, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
         if owner is None:
+            if source is LookupSource.BUSY:
+                # A burst holds every Redis connection: the session may exist.
+                await _retry_later(send, 503, -32000, "Router busy; retry")
+                return Outcome.UNAVAILABLE
             if source is LookupSource.UNKNOWN:
                 # Redis cannot say whether the session exists: a 404 could end a live one.
                 await _retry_later(send, 503, -32000, "Session directory unavailable; retry")
