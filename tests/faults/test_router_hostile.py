@@ -8,11 +8,12 @@ them: during a burst, their lookups queue for Redis with the burst's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import httpx
@@ -50,6 +51,8 @@ async def _raw(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
         data = await reader.read()
     finally:
         writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
     status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
     return status, data
 
@@ -121,3 +124,88 @@ def _rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+async def _huge_header(port: int, size: int) -> tuple[int, float]:
+    """One request whose one header line is ``size`` bytes: the status the router
+    answered (0 if none) and how long that took."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+
+    async def send() -> None:
+        writer.write(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\nx-huge: ")
+        chunk = b"a" * (1 << 16)
+        with contextlib.suppress(OSError):
+            for _ in range(size // len(chunk)):
+                writer.write(chunk)
+                await writer.drain()
+            writer.write(b"\r\n\r\n")
+            await writer.drain()
+
+    sender = asyncio.ensure_future(send())
+    try:
+        head = b""
+        with contextlib.suppress(OSError):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n"), timeout=30)
+        took = time.monotonic() - started
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await sender
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+    return status, took
+
+
+async def _probe_while(
+    port: int, pid: int, work: Awaitable[list[tuple[int, float]]]
+) -> tuple[list[tuple[int, float]], float, int]:
+    """Run ``work`` while polling /healthz and the router's RSS: (work's result,
+    the slowest /healthz, the peak RSS in KiB)."""
+    worst, peak = 0.0, _rss_kib(pid)
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal worst, peak
+        async with httpx.AsyncClient(timeout=30) as http:
+            while not done.is_set():
+                started = time.monotonic()
+                await http.get(f"http://127.0.0.1:{port}/healthz")
+                worst = max(worst, time.monotonic() - started)
+                peak = max(peak, _rss_kib(pid))
+                await asyncio.sleep(0.02)
+
+    prober = asyncio.ensure_future(probe())
+    try:
+        result = await work
+    finally:
+        done.set()
+        await prober
+    return result, worst, peak
+
+
+@pytest.mark.parametrize("megabytes", [1, 8, 64])
+def test_a_huge_header_line_gets_431_at_once_and_costs_the_router_nothing(
+    hostile_fleet: LocalFleet, fault_table: FaultTable, megabytes: int
+) -> None:
+    lf = hostile_fleet
+    port, pid = lf.router_ports[0], lf.router_procs[0].popen.pid  # type: ignore[union-attr]
+    row = fault_table.row(f"header line of {megabytes} MB, 8 at once")
+    before = _rss_kib(pid)
+
+    async def eight() -> list[tuple[int, float]]:
+        return list(await asyncio.gather(*(_huge_header(port, megabytes << 20) for _ in range(8))))
+
+    answers, healthz, peak = asyncio.run(_probe_while(port, pid, eight()))
+    row.attempts = len(answers)
+    row.worst_seconds = max(t for _, t in answers)
+    row.lost = sum(1 for s, _ in answers if s != 431)
+    row.notes = (
+        f"router RSS {before // 1024} -> peak {peak // 1024} MiB; worst /healthz {healthz:.3f}s"
+    )
+    assert [s for s, _ in answers] == [431] * 8, row.notes
+    assert row.worst_seconds < 2.0, row.notes
+    assert healthz < 0.5, row.notes
+    assert peak - before < 32 * 1024, row.notes

@@ -508,7 +508,9 @@ def router_server(config: RouterConfig) -> ClosingServer:
         router,
         host=config.host,
         port=config.port,
-        http=bounded_protocol(config.header_timeout, config.max_connections),
+        http=bounded_protocol(
+            config.header_timeout, config.max_connections, config.max_header_bytes
+        ),
         log_level="warning",
         lifespan="on",
         access_log=False,
