@@ -209,3 +209,74 @@ def test_a_huge_header_line_gets_431_at_once_and_costs_the_router_nothing(
     assert row.worst_seconds < 2.0, row.notes
     assert healthz < 0.5, row.notes
     assert peak - before < 32 * 1024, row.notes
+
+
+REPLICA_ENDPOINTS = ("metrics", "readyz", "healthz")
+TRICKS = (
+    "/./{}",
+    "/mcp/../{}",
+    "/mcp/./../{}",
+    "//{}",
+    "/%2e/{}",
+    "/mcp/%2e%2e/{}",
+    "/mcp/%2E%2E/{}",
+    "/mcp%2f..%2f{}",
+    "/.well-known/oauth-x/../../{}",
+)
+
+
+def _get_head(target: str, host: str = "host: 127.0.0.1\r\n") -> bytes:
+    return f"GET {target} HTTP/1.1\r\n{host}connection: close\r\n\r\n".encode()
+
+
+def _router_made(data: bytes) -> bool:
+    return b"\r\nx-mcpfleet-router-error: 1\r\n" in data.lower()
+
+
+def test_no_replica_endpoint_is_reachable_through_the_router_in_any_spelling(
+    hostile_fleet: LocalFleet, fault_table: FaultTable
+) -> None:
+    lf = hostile_fleet
+    port = lf.router_ports[0]
+    row = fault_table.row("dot-segment and escaped paths to replica endpoints")
+    targets = [t.format(e) for t in TRICKS for e in REPLICA_ENDPOINTS]
+
+    async def send_all() -> list[tuple[int, bytes]]:
+        return list(await asyncio.gather(*(_raw(port, _get_head(t)) for t in targets)))
+
+    started = time.monotonic()
+    answers = asyncio.run(send_all())
+    row.answered(started)
+    row.attempts = len(targets)
+    leaked = [
+        (t, s)
+        for t, (s, data) in zip(targets, answers, strict=True)
+        if s != 404 or not _router_made(data)
+    ]
+    row.lost = len(leaked)
+    row.notes = f"{len(TRICKS)} spellings x {REPLICA_ENDPOINTS}: 404 from the router"
+    assert not leaked, leaked
+
+
+def test_odd_requests_get_the_json_rpc_error_shape_from_the_router(
+    hostile_fleet: LocalFleet,
+) -> None:
+    port = hostile_fleet.router_ports[0]
+    twice = "host: 127.0.0.1\r\nhost: evil.example\r\n"
+    cases = {
+        "GET *": (_get_head("*"), 400),
+        "two Host headers": (_get_head("/mcp", host=twice), 400),
+        "a malformed header line": (b"GET /mcp HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        "a malformed request line": (b"GET /mcp HTTP/9\x00\r\n\r\n", 400),
+    }
+
+    async def send_all() -> list[tuple[int, bytes]]:
+        return list(await asyncio.gather(*(_raw(port, head) for head, _ in cases.values())))
+
+    for (name, (_, status)), (got, data) in zip(
+        cases.items(), asyncio.run(send_all()), strict=True
+    ):
+        assert got == status, (name, data[:300])
+        assert _router_made(data), (name, data[:300])
+        body = json.loads(data.split(b"\r\n\r\n", 1)[1])
+        assert body["jsonrpc"] == "2.0" and body["error"]["code"] == -32600, (name, body)

@@ -159,6 +159,14 @@ def _deregister(redis_url: str, *names: str) -> None:
     client.close()
 
 
+def _registered(redis_url: str) -> list[str]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [n.decode() for n in client.smembers(KEYS.replicas)]  # type: ignore[union-attr]
+    finally:
+        client.close()
+
+
 def _session_known(redis_url: str, session: str) -> bool:
     client = redis.Redis.from_url(redis_url)
     try:
@@ -220,6 +228,7 @@ async def test_a_request_a_replica_read_before_dying_is_answered_502_never_resen
 ) -> None:
     """Two replicas that each read a request, then reset the connection: one request
     reaches one of them, and the client gets the router's 502."""
+    _deregister(redis_url, *_registered(redis_url))  # earlier tests' replicas are gone
     async with FakeReplica(die_after=0) as one, FakeReplica(die_after=0) as two:
         _register(redis_url, "reader-1", f"http://127.0.0.1:{one.port}")
         _register(redis_url, "reader-2", f"http://127.0.0.1:{two.port}")

@@ -32,36 +32,23 @@ import asyncio
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcpfleet.contract import ROUTER_ERROR_HEADER
-from mcpfleet.httpio import jsonrpc_error
+from mcpfleet.httpio import ErrorCode, jsonrpc_error, raw_response
+
+_MARK = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
 
 
-def _raw_response(status: bytes, content_type: bytes, body: bytes, extra: bytes = b"") -> bytes:
-    """A whole response written straight to the socket, marked as the router's, closing."""
-    return (
-        b"HTTP/1.1 " + status + b"\r\n"
-        b"content-type: "
-        + content_type
-        + b"\r\n"
-        + extra
-        + b"connection: close\r\n"
-        + ROUTER_ERROR_HEADER.lower().encode()
-        + b": 1\r\n"
-        + b"content-length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
+def _answer(status: int, message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> bytes:
+    """A whole JSON-RPC error response, marked as the router's, closing the connection."""
+    return raw_response(status, jsonrpc_error(code, message), [_MARK])
 
 
-_TIMEOUT_RESPONSE = _raw_response(
-    b"408 Request Timeout",
-    b"text/plain; charset=utf-8",
-    b"Request headers not received in time.\n",
-)
-_TOO_LARGE_RESPONSE = _raw_response(
-    b"431 Request Header Fields Too Large",
-    b"application/json",
-    jsonrpc_error(-32600, "Request headers too large"),
+_TIMEOUT_RESPONSE = _answer(408, "Request headers not received in time")
+_TOO_LARGE_RESPONSE = _answer(431, "Request headers too large")
+_FRAMING_RESPONSE = _answer(400, "Bad Request: malformed HTTP request")
+_BUSY_RESPONSE = raw_response(
+    503,
+    jsonrpc_error(ErrorCode.SERVER_ERROR, "Router at its connection limit; retry"),
+    [_MARK, (b"retry-after", b"1")],
 )
 #: Bytes of request line and header framing allowed beyond ``max_header_bytes``
 #: (which counts header names and values only) before the raw count refuses.
@@ -69,12 +56,6 @@ HEADER_FRAMING_ALLOWANCE = 8 * 1024
 #: Seconds a refused connection stays open, not read, after its 431: the client
 #: reads the answer before the close (with its unread bytes) resets the connection.
 REFUSAL_LINGER = 0.5
-_BUSY_RESPONSE = _raw_response(
-    b"503 Service Unavailable",
-    b"application/json",
-    jsonrpc_error(-32000, "Router at its connection limit; retry"),
-    extra=b"retry-after: 1\r\n",
-)
 
 
 class _BoundedHeaders(HttpToolsProtocol):
@@ -115,6 +96,12 @@ class _BoundedHeaders(HttpToolsProtocol):
                 self._refuse_too_large()
                 return
         super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read: the JSON-RPC shape, not uvicorn's plain text."""
+        if not self.transport.is_closing():
+            self.transport.write(_FRAMING_RESPONSE)
+            self.transport.close()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
