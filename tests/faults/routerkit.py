@@ -18,19 +18,26 @@ HANDSHAKE = "2025-11-25"
 
 
 class Effects:
-    """The fault app's effects file (``<order> <event> pid=<pid>`` per line)."""
+    """The fault app's effects file (``<order> <event> pid=<pid> at=<time>`` per line)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def lines(self) -> list[tuple[str, str, int]]:
+        return [(order, event, pid) for order, event, pid, _ in self.timed()]
+
+    def timed(self) -> list[tuple[str, str, int, float]]:
+        """Every line: order, event, pid, and when (``time.time()``) it was recorded."""
         if not self.path.exists():
             return []
         out = []
         for line in self.path.read_text().splitlines():
-            order, event, pid = line.split()
-            out.append((order, event, int(pid.removeprefix("pid="))))
+            order, event, pid, at = line.split()
+            out.append((order, event, int(pid.removeprefix("pid=")), float(at[3:])))
         return out
+
+    def when(self, order: str, event: str) -> float | None:
+        return next((at for o, e, _, at in self.timed() if (o, e) == (order, event)), None)
 
     def count(self, event: str) -> Counter[str]:
         return Counter(order for order, ev, _ in self.lines() if ev == event)

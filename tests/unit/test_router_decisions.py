@@ -12,6 +12,7 @@ from mcpfleet.router.decisions import (
     Candidate,
     OriginPolicy,
     RouteKind,
+    cancellations,
     classify,
     forwardable_path,
     is_initialize,
@@ -214,3 +215,14 @@ def test_no_replica_endpoint_is_forwarded_in_any_spelling(form: bytes, endpoint:
 @pytest.mark.parametrize("path", [b"*", b"/mcp/x", b"/mcp?x", b"mcp", b"/mcp%20", b""])
 def test_anything_else_is_not_forwarded(path: bytes) -> None:
     assert not forwardable_path(path)
+
+
+def test_a_cancellation_is_sent_for_each_request_id_and_none_for_notifications() -> None:
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    one = json.loads(cancellations(json.dumps(call).encode()))
+    assert one["method"] == "notifications/cancelled" and one["params"]["requestId"] == 7
+    batch = json.loads(cancellations(json.dumps([call, note, {**call, "id": "x"}]).encode()))
+    assert [n["params"]["requestId"] for n in batch] == [7, "x"]
+    assert cancellations(json.dumps(note).encode()) == b""
+    assert cancellations(b"not json") == b""

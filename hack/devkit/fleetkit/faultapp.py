@@ -2,7 +2,7 @@
 
 Replicas load it as ``--app fleetkit.faultapp:app``. Every line goes to the file
 named by ``$MCPFLEET_TEST_EFFECTS`` (``O_APPEND``: replicas in several processes
-never interleave a line), as ``<order> <event> pid=<pid>``:
+never interleave a line), as ``<order> <event> pid=<pid> at=<time.time()>``:
 
 * ``effect``: the side effect ran (a plain tool at its start, a once-flow in
   ``finish`` before it waits); a request the router re-sent shows two;
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
@@ -31,7 +32,7 @@ app = FastMCP("mcpfleet-fault-test")
 def record(order: str, event: str) -> None:
     fd = os.open(os.environ[EFFECTS_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"{order} {event} pid={os.getpid()}\n".encode())
+        os.write(fd, f"{order} {event} pid={os.getpid()} at={time.time():.4f}\n".encode())
     finally:
         os.close(fd)
 

@@ -140,6 +140,28 @@ def is_initialize(body: bytes) -> bool:
     return any(isinstance(m, dict) and m.get("method") == "initialize" for m in items)
 
 
+def cancellations(body: bytes, reason: str = "The client disconnected") -> bytes:
+    """The ``notifications/cancelled`` (a JSON body, one or a batch) for every request
+    with an id in ``body``; empty when it holds none (notifications, responses)."""
+    try:
+        doc = _load(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return b""
+    items = doc if isinstance(doc, list) else [doc]
+    notices = [
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": m["id"], "reason": reason},
+        }
+        for m in items
+        if isinstance(m, dict) and "method" in m and isinstance(m.get("id"), str | int)
+    ]
+    if not notices:
+        return b""
+    return json.dumps(notices[0] if len(notices) == 1 else notices).encode()
+
+
 def classify(method: str, headers: Mapping[str, str], body: bytes) -> RouteKind:
     """Decide how a request is routed. ``headers`` keys are lower-case."""
     if _SESSION in headers:

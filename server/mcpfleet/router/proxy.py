@@ -60,6 +60,7 @@ from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
     OriginPolicy,
     RouteKind,
+    cancellations,
     classify,
     parses_as_json,
     pick_stateless,
@@ -164,6 +165,8 @@ class Router:
         )
         self.upstream = Upstream(config.connect_timeout)
         self._tasks: list[asyncio.Task[None]] = []
+        #: ``notifications/cancelled`` on their way to replicas.
+        self._notices: set[asyncio.Future[None]] = set()
         #: Set at SIGTERM: answers close their connections, /readyz says 503.
         self.closing = False
 
@@ -208,7 +211,7 @@ class Router:
         return moved
 
     async def shutdown(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._notices]:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.upstream.close()
@@ -425,8 +428,14 @@ class Router:
         """
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
+            opening = asyncio.ensure_future(self.upstream.open(scope, name, address, body))
+            if not await _first_or_client_gone(opening, receive):
+                # The client left before the replica answered: closing the upstream
+                # connection cancels a stateless request on the replica.
+                self._cancelled(kind, scope, address, body, session)
+                return Failure.DISCONNECTED
             try:
-                upstream = await self.upstream.open(scope, name, address, body)
+                upstream = opening.result()
             except Dropped:
                 # The request may have been processed: never re-sent. The caller answers.
                 return Failure.DROPPED
@@ -449,9 +458,58 @@ class Router:
             result = await self.upstream.relay(upstream, address, receive, send)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
+            elif result is Failure.DISCONNECTED:
+                self._cancelled(kind, scope, address, body, session)
             return result
         finally:
             self.view.inflight[name] -= 1
+
+    def _cancelled(
+        self, kind: RouteKind, scope: Scope, address: str, body: bytes, session: str | None
+    ) -> None:
+        """The client went away before its answer was complete: the request is cancelled.
+
+        A stateless request is cancelled by the closed upstream connection alone
+        (the replica sees its client leave). A session's request runs in the
+        session, not in its HTTP request: the owner is told with the spec's
+        ``notifications/cancelled`` for each request id the body carried, sent
+        with the client's own headers (its session id and credentials).
+        """
+        self.metrics.cancelled.labels(kind.value).inc()
+        if session is None:
+            return
+        notices = cancellations(body)
+        if notices:
+            task = asyncio.ensure_future(self.upstream.notify(scope, address, notices))
+            self._notices.add(task)
+            task.add_done_callback(self._notices.discard)
+
+
+async def _first_or_client_gone(opening: asyncio.Future[Any], receive: Receive) -> bool:
+    """Wait for ``opening``; False (and ``opening`` cancelled) if the client left first.
+
+    The request body was read whole before, so the next ASGI message is the
+    client's disconnect, whenever it comes.
+    """
+
+    async def client_gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not opening.done():
+            opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    if opening.cancelled() or not opening.done():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await opening
+        return False
+    return True
 
 
 def _outcome(result: int | Failure) -> Outcome | Failure:

@@ -210,6 +210,26 @@ class Upstream:
             method, url, headers=headers, data=body or None, allow_redirects=False
         )
 
+    async def notify(self, scope: Scope, address: str, body: bytes) -> None:
+        """POST a notification (``body``) to the replica at ``address``, on the same
+        path and with the client's own headers as the request ``scope``; the
+        answer (202) is read and dropped. Bounded by the connect timeout plus one
+        second; a failure is logged only."""
+        assert self.http is not None
+        url = address + scope["raw_path"].decode("latin-1")
+        headers = [
+            (k, v)
+            for k, v in forward_headers(scope["headers"])
+            if k not in ("content-length", "content-type")
+        ]
+        headers.append(("content-type", "application/json"))
+        try:
+            async with asyncio.timeout(self.connect_timeout + 1.0):
+                async with self.http.post(url, headers=headers, data=body) as resp:
+                    await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("cancellation not delivered to %s: %s", address, type(exc).__name__)
+
     async def accepts(self, address: str) -> bool:
         """Whether the replica at ``address`` accepts a connection within the connect
         timeout: after a dropped request, tells a dead owner from a live one."""
