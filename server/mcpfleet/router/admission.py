@@ -66,21 +66,23 @@ async def admit(
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
     refusal = refused_origin(headers.get("host"), headers.get("origin"), policy)
     if refusal is not None:
-        return Rejection(403, -32600, f"Forbidden: {refusal}")
+        return Rejection(403, ErrorCode.INVALID_REQUEST, f"Forbidden: {refusal}")
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > config.max_body_bytes:
-        return Rejection(413, -32600, "Request body too large")
+        return Rejection(413, ErrorCode.INVALID_REQUEST, "Request body too large")
     try:
         async with asyncio.timeout(config.body_timeout):
             body = await _read_body(receive, config.max_body_bytes)
     except _TooLarge:
-        return Rejection(413, -32600, "Request body too large")
+        return Rejection(413, ErrorCode.INVALID_REQUEST, "Request body too large")
     except TimeoutError:
-        return Rejection(408, -32600, "Request body not received in time")
+        return Rejection(408, ErrorCode.INVALID_REQUEST, "Request body not received in time")
     if len(session_ids(raw_headers)) > 1:
         # The router would route by one and the replica read another: refused
         # before any lookup, so no session is ever dropped on another's behalf.
-        return Rejection(400, -32600, "Bad Request: more than one Mcp-Session-Id")
+        return Rejection(
+            400, ErrorCode.INVALID_REQUEST, "Bad Request: more than one Mcp-Session-Id"
+        )
     return Admitted(headers, body)
 
 

@@ -53,7 +53,7 @@ from mcpfleet.contract import (
     SESSION_HEADER,
     RedisKeys,
 )
-from mcpfleet.httpio import jsonrpc_error, send_whole
+from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.redisconn import follow_master
 from mcpfleet.registry import connect, redact_url
 from mcpfleet.router.admission import ClientGone, Rejection, admit
@@ -133,7 +133,7 @@ async def _outcome_unknown(send: Send, replica: str) -> None:
         f"Replica {replica} dropped the connection before answering: "
         "the request may have run; it was not sent again"
     )
-    await _respond(send, 502, jsonrpc_error(-32603, message))
+    await _respond(send, 502, jsonrpc_error(ErrorCode.INTERNAL_ERROR, message))
 
 
 class Router:
@@ -213,7 +213,7 @@ class Router:
     async def shutdown(self) -> None:
         for task in [*self._tasks, *self._notices]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._notices, return_exceptions=True)
         await self.upstream.close()
         await self.redis.aclose()
 
@@ -293,7 +293,9 @@ class Router:
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
             # Answered here: a replica would open (and leak) a session for it.
-            await _respond(send, 400, jsonrpc_error(-32700, "Parse error: the body is not JSON"))
+            await _respond(
+                send, 400, jsonrpc_error(ErrorCode.PARSE_ERROR, "Parse error: the body is not JSON")
+            )
             return kind.value, Outcome.REJECTED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(
@@ -308,7 +310,9 @@ class Router:
     ) -> Outcome | Failure:
         if not valid_session_id(session):
             await _respond(
-                send, 400, jsonrpc_error(-32600, "Bad Request: malformed Mcp-Session-Id")
+                send,
+                400,
+                jsonrpc_error(ErrorCode.INVALID_REQUEST, "Bad Request: malformed Mcp-Session-Id"),
             )
             return Outcome.REJECTED
         owner, source = await self.sessions.lookup(session)
@@ -316,13 +320,15 @@ class Router:
         if owner is None:
             if source is LookupSource.BUSY:
                 # A burst holds every Redis connection: the session may exist.
-                await _retry_later(send, 503, -32000, "Router busy; retry")
+                await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
                 return Outcome.UNAVAILABLE
             if source is LookupSource.UNKNOWN:
                 # Redis cannot say whether the session exists: a 404 could end a live one.
-                await _retry_later(send, 503, -32000, "Session directory unavailable; retry")
+                await _retry_later(
+                    send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+                )
                 return Outcome.UNAVAILABLE
-            await _respond(send, 404, jsonrpc_error(-32600, "Session not found"))
+            await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
             return Outcome.CLIENT_ERROR
         address = await self.view.locate(owner)
         if address is None:
@@ -336,7 +342,9 @@ class Router:
             return await self._owner_gone(send, session, owner, OwnerGone.REFUSED)
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
-            await _retry_later(send, 503, -32000, "Session owner unavailable; retry")
+            await _retry_later(
+                send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
+            )
             return Outcome.UNAVAILABLE
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
@@ -358,7 +366,7 @@ class Router:
         log.info("session of %s answered 404: owner %s", owner, reason)
         await self.sessions.forget(session)
         self.metrics.owner_gone.labels(reason).inc()
-        await _respond(send, 404, jsonrpc_error(-32600, "Session not found"))
+        await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
         return Outcome.OWNER_GONE
 
     async def _spread(
@@ -402,7 +410,7 @@ class Router:
             and bool(self.view.serving())
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
-        await _retry_later(send, 503, -32000, message)
+        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, message)
         return Outcome.NO_REPLICA
 
     async def _forward(
