@@ -467,7 +467,13 @@ def async_client(
             **extra,
         )
         return client
-    pool = aioredis.BlockingConnectionPool(**_plain_kwargs(s, timeout), **extra)
+    # redis-py turns the URL's parts into a connection class and its arguments (a
+    # Unix socket, TLS) when it builds its own pool: take both from that pool.
+    default = aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False).connection_pool
+    pool = aioredis.BlockingConnectionPool(
+        connection_class=default.connection_class,
+        **{**default.connection_kwargs, **extra},
+    )
     return aioredis.Redis.from_pool(pool)
 
 

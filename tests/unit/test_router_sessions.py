@@ -106,3 +106,16 @@ async def test_the_sentinel_client_pool_is_bounded_and_blocking() -> None:
     assert (pool.max_connections, pool.timeout) == (9, 0.5)
     assert hasattr(pool, "get_master_address"), "still Sentinel's pool"
     await client.aclose()
+
+
+async def test_a_unix_socket_url_keeps_its_connection_class_in_the_bounded_pool() -> None:
+    from redis.asyncio.connection import UnixDomainSocketConnection
+
+    client = redisconn.async_client(
+        redisconn.settings("unix:///tmp/nowhere.sock?db=2"), timeout=0.5, pool_size=3
+    )
+    pool = client.connection_pool
+    assert isinstance(pool, BlockingConnectionPool) and pool.max_connections == 3
+    assert pool.connection_class is UnixDomainSocketConnection
+    assert pool.connection_kwargs["path"] == "/tmp/nowhere.sock"
+    await client.aclose()
