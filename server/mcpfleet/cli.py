@@ -204,6 +204,26 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {rtr.max_connections})",
     )
     r.add_argument(
+        "--redis-pool-size",
+        type=_positive_int,
+        default=rtr.redis_pool_size,
+        help=f"Redis connections the router opens at most (default {rtr.redis_pool_size})",
+    )
+    r.add_argument(
+        "--redis-pool-wait",
+        type=_positive,
+        default=rtr.redis_pool_wait,
+        help="s a lookup waits for a free Redis connection, then 503 'Router busy'"
+        f" (default {rtr.redis_pool_wait})",
+    )
+    r.add_argument(
+        "--unknown-session-ttl",
+        type=_non_negative,
+        default=rtr.unknown_session_ttl,
+        help="s an id Redis does not know is answered 404 without asking again"
+        f" (default {rtr.unknown_session_ttl})",
+    )
+    r.add_argument(
         "--allowed-host",
         action="append",
         default=[],
@@ -331,7 +351,8 @@ def cmd_dev(replicas: int, port: int, app: str, workdir: Path | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -375,6 +396,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "router":
             router_redis = _redis(args)
             assert router_redis is not None  # --redis is required
+            if args.redis_pool_wait >= args.redis_deadline:
+                # A lookup's deadline would cut its pool wait short, and a full
+                # pool would be taken for Redis down.
+                parser.error(
+                    f"--redis-pool-wait ({args.redis_pool_wait:g}) must be below "
+                    f"--redis-deadline ({args.redis_deadline:g})"
+                )
             from mcpfleet.router.proxy import run_router
 
             run_router(
@@ -394,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     header_timeout=args.header_timeout,
                     body_timeout=args.body_timeout,
                     max_connections=args.max_connections,
+                    redis_pool_size=args.redis_pool_size,
+                    redis_pool_wait=args.redis_pool_wait,
+                    unknown_session_ttl=args.unknown_session_ttl,
                     allowed_hosts=tuple(args.allowed_host),
                     allowed_origins=tuple(args.allowed_origin),
                 )

@@ -98,6 +98,13 @@ class RouterConfig:
     #: Connections (and requests in flight) the router holds at once; past it,
     #: new ones get 503 at once rather than queueing.
     max_connections: int = 10000
+    #: The router's Redis connection pool: at most ``redis_pool_size`` connections;
+    #: a lookup waits ``redis_pool_wait`` s for one, then 503 "Router busy" (a
+    #: full pool is not Redis down: the router does not turn degraded).
+    redis_pool_size: int = 64
+    redis_pool_wait: float = 0.5
+    #: Seconds an id Redis said it does not know is answered 404 from memory.
+    unknown_session_ttl: float = 2.0
     #: DNS-rebinding protection (see router.decisions.OriginPolicy.for_bind): empty means
     #: loopback names for a loopback bind, else any Host and no browser Origin.
     allowed_hosts: tuple[str, ...] = ()

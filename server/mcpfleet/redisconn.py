@@ -467,14 +467,32 @@ def _plain_kwargs(s: RedisSettings, timeout: float, *, aio: bool = True) -> dict
     return kwargs
 
 
+#: The asyncio clients' connection pool: at most this many connections, and a
+#: command waits at most ``POOL_WAIT`` seconds for one (then :func:`pool_full`).
+POOL_SIZE = 64
+POOL_WAIT = 0.5
+
+
 def async_client(
-    s: RedisSettings, *, timeout: float, health_check_interval: float = 0
+    s: RedisSettings,
+    *,
+    timeout: float,
+    health_check_interval: float = 0,
+    pool_size: int = POOL_SIZE,
+    pool_wait: float = POOL_WAIT,
 ) -> aioredis.Redis:
-    """An asyncio client for the replica and the router."""
+    """An asyncio client for the replica and the router, on a bounded, blocking pool:
+    a burst of commands queues for ``pool_wait`` seconds at most, never opens more
+    than ``pool_size`` connections, and a full pool is told apart from a Redis that
+    is down (:func:`pool_full`)."""
     import redis.asyncio as aioredis
     import redis.asyncio.sentinel as aiosentinel
 
-    extra: dict[str, Any] = {"health_check_interval": health_check_interval}
+    extra: dict[str, Any] = {
+        "health_check_interval": health_check_interval,
+        "max_connections": pool_size,
+        "timeout": pool_wait,
+    }
     if s.parsed.sentinel:
         conn = s.connection_kwargs(timeout)
         sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -483,10 +501,43 @@ def async_client(
             **conn,
         )
         client: aioredis.Redis = sentinel.master_for(
-            s.parsed.master, db=s.parsed.db, decode_responses=False, **extra
+            s.parsed.master,
+            db=s.parsed.db,
+            decode_responses=False,
+            connection_pool_class=_blocking_sentinel_pool(),
+            **extra,
         )
         return client
-    return aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False, **extra)
+    # redis-py turns the URL's parts into a connection class and its arguments (a
+    # Unix socket, TLS) when it builds its own pool: take both from that pool.
+    default = aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False).connection_pool
+    pool = aioredis.BlockingConnectionPool(
+        connection_class=default.connection_class,
+        **{**default.connection_kwargs, **extra},
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def _blocking_sentinel_pool() -> Any:
+    from redis.asyncio import BlockingConnectionPool
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+        """Sentinel's pool (asks for the master), blocking and bounded."""
+
+    return BlockingSentinelPool
+
+
+def pool_full(exc: BaseException) -> bool:
+    """True if ``exc`` is a command that waited its pool wait for a connection:
+    the client is busy, not Redis down."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (
+        isinstance(exc, RedisConnectionError)
+        and isinstance(exc.__cause__, TimeoutError)
+        and "No connection available" in str(exc)
+    )
 
 
 def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:

@@ -34,13 +34,24 @@ log = logging.getLogger("mcpfleet.registry")
 REDIS_TIMEOUT = 0.5
 
 
-def connect(url: str, files: RedisFiles | None = None) -> aioredis.Redis:
+def connect(
+    url: str,
+    files: RedisFiles | None = None,
+    *,
+    pool_size: int = redisconn.POOL_SIZE,
+    pool_wait: float = redisconn.POOL_WAIT,
+) -> aioredis.Redis:
     """A Redis client with short timeouts: an outage is seen at once, never waited out.
 
-    Built by :mod:`mcpfleet.redisconn` (Sentinel, TLS, password files).
+    Built by :mod:`mcpfleet.redisconn` (Sentinel, TLS, password files), on a
+    bounded pool of ``pool_size`` connections a command waits ``pool_wait`` s for.
     """
     return redisconn.async_client(
-        redisconn.settings(url, files), timeout=REDIS_TIMEOUT, health_check_interval=5
+        redisconn.settings(url, files),
+        timeout=REDIS_TIMEOUT,
+        health_check_interval=5,
+        pool_size=pool_size,
+        pool_wait=pool_wait,
     )
 
 

@@ -71,6 +71,7 @@ class FakeReplica:
 
     def __init__(self, die_after: int | None = 1) -> None:
         self.die_after = die_after
+        self.reset_next = False
         self.requests = 0
         self.heads: list[bytes] = []
         self.server: asyncio.Server | None = None
@@ -100,6 +101,12 @@ class FakeReplica:
             await reader.readexactly(length)
             self.requests += 1
             self.heads.append(head.lower())
+            if self.reset_next:
+                self.reset_next = False
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()  # RST after reading: the outcome is unknown
+                return
             if self.die_after is not None and self.requests > self.die_after:
                 assert self.server is not None
                 self.server.close()  # a fresh connection is now refused
@@ -144,6 +151,22 @@ def _register(redis_url: str, name: str, address: str, session: str | None = Non
     client.close()
 
 
+def _deregister(redis_url: str, *names: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    for name in names:
+        client.delete(KEYS.replica(name))
+        client.srem(KEYS.replicas, name)
+    client.close()
+
+
+def _registered(redis_url: str) -> list[str]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [n.decode() for n in client.smembers(KEYS.replicas)]  # type: ignore[union-attr]
+    finally:
+        client.close()
+
+
 def _session_known(redis_url: str, session: str) -> bool:
     client = redis.Redis.from_url(redis_url)
     try:
@@ -185,8 +208,8 @@ async def test_two_session_ids_are_refused_before_any_lookup_and_drop_nothing(
 
 
 async def test_a_reset_pooled_connection_to_a_dead_owner_gets_404_at_once(redis_url: str) -> None:
-    """The first request leaves a keep-alive connection in the pool; the owner then dies.
-    The reset on that stale connection is retried fresh, refused, and answered 404."""
+    """The first request leaves a keep-alive connection in the pool; the owner then reads
+    the second and dies. It is not sent again; the owner refuses connections: 404."""
     async with FakeReplica() as fake:
         _register(redis_url, "pooled", f"http://127.0.0.1:{fake.port}", session="pooled-session")
         async with in_process_router(redis_url) as (_, http):
@@ -198,6 +221,44 @@ async def test_a_reset_pooled_connection_to_a_dead_owner_gets_404_at_once(redis_
     assert second.status_code == 404, second.text
     assert second.json()["error"]["message"] == "Session not found"
     assert not _session_known(redis_url, "pooled-session")
+
+
+async def test_a_request_a_replica_read_before_dying_is_answered_502_never_resent(
+    redis_url: str,
+) -> None:
+    """Two replicas that each read a request, then reset the connection: one request
+    reaches one of them, and the client gets the router's 502."""
+    _deregister(redis_url, *_registered(redis_url))  # earlier tests' replicas are gone
+    async with FakeReplica(die_after=0) as one, FakeReplica(die_after=0) as two:
+        _register(redis_url, "reader-1", f"http://127.0.0.1:{one.port}")
+        _register(redis_url, "reader-2", f"http://127.0.0.1:{two.port}")
+        async with in_process_router(redis_url) as (_, http):
+            resp = await http.post("/mcp", content=b"{}", headers=JSON_HEADERS)
+    _deregister(redis_url, "reader-1", "reader-2")
+    assert one.requests + two.requests == 1, "the request was sent again"
+    assert resp.status_code == 502, resp.text
+    assert resp.headers[ROUTER_ERROR_HEADER] == "1"
+    assert "retry-after" not in resp.headers
+    assert "may have run" in resp.json()["error"]["message"]
+
+
+async def test_a_reset_connection_to_a_live_owner_gets_502_and_keeps_the_session(
+    redis_url: str,
+) -> None:
+    """The owner read the request and reset the connection, but still takes new ones:
+    the outcome is unknown (502), the session is not dropped."""
+    async with FakeReplica(die_after=0) as fake:
+        assert fake.server is not None
+        _register(redis_url, "alive", f"http://127.0.0.1:{fake.port}", session="alive-session")
+        async with in_process_router(redis_url) as (_, http):
+            headers = {**JSON_HEADERS, "mcp-session-id": "alive-session"}
+            fake.die_after = None  # the reset below leaves the listener open
+            fake.reset_next = True
+            resp = await http.post("/mcp", content=b"{}", headers=headers)
+    _deregister(redis_url, "alive")
+    assert fake.requests == 1
+    assert resp.status_code == 502, resp.text
+    assert _session_known(redis_url, "alive-session")
 
 
 async def test_a_client_cannot_set_the_headers_only_fleet_components_set(

@@ -12,7 +12,9 @@ from mcpfleet.router.decisions import (
     Candidate,
     OriginPolicy,
     RouteKind,
+    cancellations,
     classify,
+    forwardable_path,
     is_initialize,
     json_depth_exceeds,
     parses_as_json,
@@ -171,3 +173,56 @@ def test_configured_hosts_and_origins_replace_the_defaults() -> None:
     assert refused_origin("router:8000", None, policy) is None
     assert refused_origin("router:http", None, policy) == "Host not allowed"
     assert refused_origin("127.0.0.1:8000", None, policy) == "Host not allowed"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        b"/mcp",
+        b"/mcp/",
+        b"/.well-known/oauth-protected-resource/mcp",
+        b"/.well-known/oauth-authorization-server",
+    ],
+)
+def test_the_mcp_endpoint_and_oauth_metadata_are_forwarded(path: bytes) -> None:
+    assert forwardable_path(path)
+
+
+@pytest.mark.parametrize("endpoint", [b"metrics", b"readyz", b"healthz"])
+@pytest.mark.parametrize(
+    "form",
+    [
+        b"/%s",
+        b"/./%s",
+        b"/mcp/../%s",
+        b"/mcp/./../%s",
+        b"//%s",
+        b"/%%2e/%s",
+        b"/mcp/%%2e%%2e/%s",
+        b"/mcp/%%2E%%2E/%s",
+        b"/mcp%%2f..%%2f%s",
+        b"/MCP/../%s",
+        b"/.well-known/oauth-x/../../%s",
+        b"/.well-known/oauth-x/%%2e%%2e/%s",
+        b"/mcp/..;/%s",
+        b"/mcp\\..\\%s",
+    ],
+)
+def test_no_replica_endpoint_is_forwarded_in_any_spelling(form: bytes, endpoint: bytes) -> None:
+    assert not forwardable_path(form % endpoint)
+
+
+@pytest.mark.parametrize("path", [b"*", b"/mcp/x", b"/mcp?x", b"mcp", b"/mcp%20", b""])
+def test_anything_else_is_not_forwarded(path: bytes) -> None:
+    assert not forwardable_path(path)
+
+
+def test_a_cancellation_is_sent_for_each_request_id_and_none_for_notifications() -> None:
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}
+    note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    one = json.loads(cancellations(json.dumps(call).encode()))
+    assert one["method"] == "notifications/cancelled" and one["params"]["requestId"] == 7
+    batch = json.loads(cancellations(json.dumps([call, note, {**call, "id": "x"}]).encode()))
+    assert [n["params"]["requestId"] for n in batch] == [7, "x"]
+    assert cancellations(json.dumps(note).encode()) == b""
+    assert cancellations(b"not json") == b""

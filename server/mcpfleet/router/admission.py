@@ -1,7 +1,8 @@
 """Admission: read one client request and judge whether the router will route it.
 
 Everything the router refuses before choosing a replica is decided here, from
-the request alone: header size, the DNS-rebinding policy on ``Host`` and
+the request alone: header size, the path (only the MCP endpoint, in normal
+form), a repeated ``Host``, the DNS-rebinding policy on ``Host`` and
 ``Origin``, body size and read time, and duplicate ``Mcp-Session-Id``
 headers. The router answers a :class:`Rejection` itself; it never reaches a
 replica.
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 from starlette.types import Receive, Scope
 
 from mcpfleet.config import RouterConfig
-from mcpfleet.router.decisions import OriginPolicy, refused_origin, session_ids
+from mcpfleet.contract import MCP_PATH
+from mcpfleet.httpio import ErrorCode
+from mcpfleet.router.decisions import OriginPolicy, forwardable_path, refused_origin, session_ids
 
 
 @dataclass(frozen=True)
@@ -49,25 +52,37 @@ async def admit(
     """Read and judge one request. Raises :class:`ClientGone` if the client left."""
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
     if sum(len(k) + len(v) for k, v in raw_headers) > config.max_header_bytes:
-        return Rejection(431, -32600, "Request headers too large")
+        return Rejection(431, ErrorCode.INVALID_REQUEST, "Request headers too large")
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode("latin-1")
+    if raw_path == b"*":
+        # The asterisk form names no resource (RFC 9112 section 3.2.4).
+        return Rejection(400, ErrorCode.INVALID_REQUEST, "Bad Request: '*' names no resource")
+    if not forwardable_path(raw_path):
+        return Rejection(404, ErrorCode.INVALID_REQUEST, f"Not Found: the router serves {MCP_PATH}")
+    if sum(1 for k, _ in raw_headers if k.lower() == b"host") > 1:
+        # RFC 9112 section 3.2: a request with more than one Host is refused;
+        # the router would check one and a replica could use another.
+        return Rejection(400, ErrorCode.INVALID_REQUEST, "Bad Request: more than one Host")
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
     refusal = refused_origin(headers.get("host"), headers.get("origin"), policy)
     if refusal is not None:
-        return Rejection(403, -32600, f"Forbidden: {refusal}")
+        return Rejection(403, ErrorCode.INVALID_REQUEST, f"Forbidden: {refusal}")
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > config.max_body_bytes:
-        return Rejection(413, -32600, "Request body too large")
+        return Rejection(413, ErrorCode.INVALID_REQUEST, "Request body too large")
     try:
         async with asyncio.timeout(config.body_timeout):
             body = await _read_body(receive, config.max_body_bytes)
     except _TooLarge:
-        return Rejection(413, -32600, "Request body too large")
+        return Rejection(413, ErrorCode.INVALID_REQUEST, "Request body too large")
     except TimeoutError:
-        return Rejection(408, -32600, "Request body not received in time")
+        return Rejection(408, ErrorCode.INVALID_REQUEST, "Request body not received in time")
     if len(session_ids(raw_headers)) > 1:
         # The router would route by one and the replica read another: refused
         # before any lookup, so no session is ever dropped on another's behalf.
-        return Rejection(400, -32600, "Bad Request: more than one Mcp-Session-Id")
+        return Rejection(
+            400, ErrorCode.INVALID_REQUEST, "Bad Request: more than one Mcp-Session-Id"
+        )
     return Admitted(headers, body)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcpfleet.contract import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpfleet.contract import MCP_PATH, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 
 _SESSION = SESSION_HEADER.lower()
 _PROTOCOL_VERSION = PROTOCOL_VERSION_HEADER.lower()
@@ -33,6 +33,34 @@ _SESSION_ID = re.compile(rf"^[\x21-\x2b\x2d-\x7e]{{1,{MAX_SESSION_ID_LENGTH}}}$"
 #: in practice. A body nested deeper is refused as a parse error before any
 #: recursive parser sees it, so no body can exhaust the router's stack.
 MAX_JSON_DEPTH = 128
+
+
+#: What the router forwards: the MCP endpoint (and the app's trailing-slash
+#: form of it), and the OAuth metadata documents an app with auth serves
+#: (RFC 9728, RFC 8414). Nothing else of a replica (its /metrics, /readyz,
+#: /healthz, an app's other routes) is reachable through the router.
+_MCP_PATHS = frozenset({MCP_PATH.encode(), MCP_PATH.encode() + b"/"})
+_WELL_KNOWN = b"/.well-known/oauth-"
+#: One path segment as a client that means no harm writes it: no percent
+#: escapes (no encoded dot or slash to be decoded differently downstream).
+_SEGMENT = re.compile(rb"^[A-Za-z0-9_~\-][A-Za-z0-9._~\-]*$")
+
+
+def forwardable_path(raw_path: bytes) -> bool:
+    """Whether a request target's path (as sent, before any decoding) may go to a replica.
+
+    The path must be in normal form as sent: no ``.`` or ``..`` segment, no
+    empty segment (``//``), no percent escape, so the router and the replica
+    cannot read two different paths from it; and it must be the MCP endpoint or
+    an OAuth well-known document. A well-known path's segments may start with
+    a dot only for ``.well-known`` itself.
+    """
+    if raw_path in _MCP_PATHS:
+        return True
+    if not raw_path.startswith(_WELL_KNOWN):
+        return False
+    segments = raw_path[len(b"/.well-known/") :].split(b"/")
+    return all(_SEGMENT.match(seg) for seg in segments)
 
 
 class RouteKind(enum.StrEnum):
@@ -110,6 +138,28 @@ def is_initialize(body: bytes) -> bool:
         return False
     items = doc if isinstance(doc, list) else [doc]
     return any(isinstance(m, dict) and m.get("method") == "initialize" for m in items)
+
+
+def cancellations(body: bytes, reason: str = "The client disconnected") -> bytes:
+    """The ``notifications/cancelled`` (a JSON body, one or a batch) for every request
+    with an id in ``body``; empty when it holds none (notifications, responses)."""
+    try:
+        doc = _load(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return b""
+    items = doc if isinstance(doc, list) else [doc]
+    notices = [
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": m["id"], "reason": reason},
+        }
+        for m in items
+        if isinstance(m, dict) and "method" in m and isinstance(m.get("id"), str | int)
+    ]
+    if not notices:
+        return b""
+    return json.dumps(notices[0] if len(notices) == 1 else notices).encode()
 
 
 def classify(method: str, headers: Mapping[str, str], body: bytes) -> RouteKind:

@@ -1,5 +1,5 @@
-"""The router's HTTP server: uvicorn, with a deadline on reading request headers
-and a bound on open connections.
+"""The router's HTTP server: uvicorn, with a deadline on reading request headers,
+a bound on their size as they arrive, and a bound on open connections.
 
 uvicorn bounds the idle time between keep-alive requests but not how long a
 client may take to send a request's headers: a client trickling one header
@@ -8,6 +8,10 @@ and its memory, forever. :func:`bounded_protocol` returns uvicorn's own
 httptools protocol with one addition: from the moment a connection opens, or
 a new request on it begins, its headers must be complete within
 ``header_timeout`` seconds, else the router answers ``408`` and closes it.
+Header bytes are counted as they arrive, before the parser sees them: past
+``max_header_bytes`` (plus :data:`HEADER_FRAMING_ALLOWANCE` for the request
+line and framing) the router answers a JSON-RPC ``431`` and closes, having
+read no more (the exact per-header sum is checked again in admission).
 A connection past ``max_connections`` is answered at once with a JSON-RPC
 ``503`` (``Retry-After: 1``) and closed, before anything is read from it.
 (uvicorn's own ``limit_concurrency`` answers plain text, and only once a
@@ -28,44 +32,44 @@ import asyncio
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcpfleet.contract import ROUTER_ERROR_HEADER
-from mcpfleet.httpio import jsonrpc_error
+from mcpfleet.httpio import ErrorCode, jsonrpc_error, raw_response
+
+_MARK = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
 
 
-def _raw_response(status: bytes, content_type: bytes, body: bytes, extra: bytes = b"") -> bytes:
-    """A whole response written straight to the socket, marked as the router's, closing."""
-    return (
-        b"HTTP/1.1 " + status + b"\r\n"
-        b"content-type: "
-        + content_type
-        + b"\r\n"
-        + extra
-        + b"connection: close\r\n"
-        + ROUTER_ERROR_HEADER.lower().encode()
-        + b": 1\r\n"
-        + b"content-length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
+def _answer(status: int, message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> bytes:
+    """A whole JSON-RPC error response, marked as the router's, closing the connection."""
+    return raw_response(status, jsonrpc_error(code, message), [_MARK])
 
 
-_TIMEOUT_RESPONSE = _raw_response(
-    b"408 Request Timeout",
-    b"text/plain; charset=utf-8",
-    b"Request headers not received in time.\n",
+_TIMEOUT_RESPONSE = _answer(408, "Request headers not received in time")
+_TOO_LARGE_RESPONSE = _answer(431, "Request headers too large")
+_FRAMING_RESPONSE = _answer(400, "Bad Request: malformed HTTP request")
+_BUSY_RESPONSE = raw_response(
+    503,
+    jsonrpc_error(ErrorCode.SERVER_ERROR, "Router at its connection limit; retry"),
+    [_MARK, (b"retry-after", b"1")],
 )
-_BUSY_RESPONSE = _raw_response(
-    b"503 Service Unavailable",
-    b"application/json",
-    jsonrpc_error(-32000, "Router at its connection limit; retry"),
-    extra=b"retry-after: 1\r\n",
-)
+#: Bytes of request line and header framing allowed beyond ``max_header_bytes``
+#: (which counts header names and values only) before the raw count refuses.
+HEADER_FRAMING_ALLOWANCE = 8 * 1024
+#: Seconds a refused connection stays open, not read, after its 431: the client
+#: reads the answer before the close (with its unread bytes) resets the connection.
+REFUSAL_LINGER = 0.5
 
 
 class _BoundedHeaders(HttpToolsProtocol):
     header_timeout: float = 10.0
     max_connections: int | None = None
+    max_header_bytes: int = 16 * 1024
     _header_timer: asyncio.TimerHandle | None = None
+    #: Header bytes of the current request received so far, counted before the
+    #: parser sees them (it may be quadratic in a value's length); and whether
+    #: the current request's headers are still arriving.
+    _header_bytes = 0
+    _counting = True
+    _tail = b""
+    _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -75,6 +79,43 @@ class _BoundedHeaders(HttpToolsProtocol):
             transport.close()
             return
         self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._counting:
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            if end < 0:
+                self._header_bytes += len(data)
+                self._tail = seen[-3:]
+            else:
+                self._header_bytes += end + 4 - len(self._tail)
+                self._counting, self._tail = False, b""
+            if self._header_bytes > self.max_header_bytes + HEADER_FRAMING_ALLOWANCE:
+                self._refuse_too_large()
+                return
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read: the JSON-RPC shape, not uvicorn's plain text."""
+        if not self.transport.is_closing():
+            self.transport.write(_FRAMING_RESPONSE)
+            self.transport.close()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._header_bytes, self._counting, self._tail = 0, True, b""
+
+    def _refuse_too_large(self) -> None:
+        """431 and close, whatever the parser has seen: nothing more is read."""
+        self._refused = True
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        self.transport.pause_reading()
+        self.transport.write(_TOO_LARGE_RESPONSE)
+        self.loop.call_later(REFUSAL_LINGER, self.transport.close)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -105,12 +146,18 @@ class _BoundedHeaders(HttpToolsProtocol):
 
 
 def bounded_protocol(
-    header_timeout: float, max_connections: int | None = None
+    header_timeout: float,
+    max_connections: int | None = None,
+    max_header_bytes: int = 16 * 1024,
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol, closing connections whose headers take too long
-    and refusing those past ``max_connections``."""
+    or grow too large, and refusing those past ``max_connections``."""
     return type(
         "BoundedHeadersProtocol",
         (_BoundedHeaders,),
-        {"header_timeout": header_timeout, "max_connections": max_connections},
+        {
+            "header_timeout": header_timeout,
+            "max_connections": max_connections,
+            "max_header_bytes": max_header_bytes,
+        },
     )

@@ -67,6 +67,15 @@ class RouterMetrics:
             registry=r,
         )
 
+        self.cancelled = Counter(
+            "mcpfleet_router_cancelled_total",
+            "Requests whose client went away before the answer was complete, cancelled on "
+            "the replica (connection closed; for a session, notifications/cancelled sent), "
+            "by route kind.",
+            ["route"],
+            registry=r,
+        )
+
     def observe_view(self, states: dict[str, str], sessions: dict[str, int]) -> None:
         self.replicas.labels("serving").set(sum(1 for s in states.values() if s == "serving"))
         self.replicas.labels("draining").set(sum(1 for s in states.values() if s == "draining"))

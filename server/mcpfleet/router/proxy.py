@@ -17,7 +17,9 @@ streams included, then passes through unbuffered
 (:mod:`~mcpfleet.router.upstream`). A client that goes away tears down
 the upstream request, and vice versa. Requests that no replica processed
 (refused connection, a draining replica's 503) are resent to another replica;
-nothing else is retried.
+nothing else is retried: a request that may have reached a replica gets a
+502 marked ``X-Mcpfleet-Router-Error`` (a session's: the spec's 404 when its
+owner then refuses connections).
 
 Shutdown (SIGTERM, after the Pod's preStop pause): for ``drain_linger`` seconds
 the router still serves, but every response carries ``Connection: close`` and
@@ -51,13 +53,14 @@ from mcpfleet.contract import (
     SESSION_HEADER,
     RedisKeys,
 )
-from mcpfleet.httpio import jsonrpc_error, send_whole
+from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.redisconn import follow_master
 from mcpfleet.registry import connect, redact_url
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
     OriginPolicy,
     RouteKind,
+    cancellations,
     classify,
     parses_as_json,
     pick_stateless,
@@ -99,6 +102,7 @@ class OwnerGone(enum.StrEnum):
     DEREGISTERED = "deregistered"  # known dead, or absent from the registry too long
     REFUSED = "refused"  # its address refused the connection
     UNKNOWN_TO_OWNER = "unknown_to_owner"  # it answered that it no longer has the session
+    DIED = "died"  # it dropped a request mid-way and then refused connections
 
 
 class Route(enum.StrEnum):
@@ -122,6 +126,16 @@ async def _retry_later(send: Send, status: int, code: int, message: str) -> None
     await _respond(send, status, jsonrpc_error(code, message), [(b"retry-after", b"1")])
 
 
+async def _outcome_unknown(send: Send, replica: str) -> None:
+    """The 502 for a request a replica may have run: no Retry-After, it is not a hint
+    that sending it again is safe (a once-flow's replay is; a plain tool's may not be)."""
+    message = (
+        f"Replica {replica} dropped the connection before answering: "
+        "the request may have run; it was not sent again"
+    )
+    await _respond(send, 502, jsonrpc_error(ErrorCode.INTERNAL_ERROR, message))
+
+
 class Router:
     """The ASGI application. Start it under uvicorn with ``lifespan='on'``."""
 
@@ -129,7 +143,12 @@ class Router:
         self.config = config
         self.keys = RedisKeys(config.fleet)
         self.health = Health()
-        self.redis = connect(config.redis_url, config.redis_files)
+        self.redis = connect(
+            config.redis_url,
+            config.redis_files,
+            pool_size=config.redis_pool_size,
+            pool_wait=config.redis_pool_wait,
+        )
         self.view = ReplicaView(
             self.redis,
             self.keys,
@@ -143,6 +162,7 @@ class Router:
             self.health,
             ttl=config.session_ttl,
             deadline=config.redis_deadline,
+            negative_ttl=config.unknown_session_ttl,
         )
         self.metrics = RouterMetrics()
         self.origin_policy = OriginPolicy.for_bind(
@@ -150,6 +170,8 @@ class Router:
         )
         self.upstream = Upstream(config.connect_timeout)
         self._tasks: list[asyncio.Task[None]] = []
+        #: ``notifications/cancelled`` on their way to replicas.
+        self._notices: set[asyncio.Future[None]] = set()
         #: Set at SIGTERM: answers close their connections, /readyz says 503.
         self.closing = False
 
@@ -178,7 +200,7 @@ class Router:
                 {n: a.state for n, a in self.view.replicas.items()},
                 {n: a.sessions for n, a in self.view.replicas.items()},
             )
-            if (was_degraded or moved) and not self.health.degraded:
+            if (was_degraded or moved or self.sessions.unsaved) and not self.health.degraded:
                 # Redis may have restarted empty, or failed over without the
                 # latest writes: put back what this router knows.
                 await self.sessions.republish()
@@ -194,9 +216,9 @@ class Router:
         return moved
 
     async def shutdown(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._notices]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._notices, return_exceptions=True)
         await self.upstream.close()
         await self.redis.aclose()
 
@@ -276,7 +298,9 @@ class Router:
         kind = classify(method, headers, body)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
             # Answered here: a replica would open (and leak) a session for it.
-            await _respond(send, 400, jsonrpc_error(-32700, "Parse error: the body is not JSON"))
+            await _respond(
+                send, 400, jsonrpc_error(ErrorCode.PARSE_ERROR, "Parse error: the body is not JSON")
+            )
             return kind.value, Outcome.REJECTED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(
@@ -291,17 +315,25 @@ class Router:
     ) -> Outcome | Failure:
         if not valid_session_id(session):
             await _respond(
-                send, 400, jsonrpc_error(-32600, "Bad Request: malformed Mcp-Session-Id")
+                send,
+                400,
+                jsonrpc_error(ErrorCode.INVALID_REQUEST, "Bad Request: malformed Mcp-Session-Id"),
             )
             return Outcome.REJECTED
         owner, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
         if owner is None:
+            if source is LookupSource.BUSY:
+                # A burst holds every Redis connection: the session may exist.
+                await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
+                return Outcome.UNAVAILABLE
             if source is LookupSource.UNKNOWN:
                 # Redis cannot say whether the session exists: a 404 could end a live one.
-                await _retry_later(send, 503, -32000, "Session directory unavailable; retry")
+                await _retry_later(
+                    send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+                )
                 return Outcome.UNAVAILABLE
-            await _respond(send, 404, jsonrpc_error(-32600, "Session not found"))
+            await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
             return Outcome.CLIENT_ERROR
         address = await self.view.locate(owner)
         if address is None:
@@ -315,11 +347,21 @@ class Router:
             return await self._owner_gone(send, session, owner, OwnerGone.REFUSED)
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
-            await _retry_later(send, 503, -32000, "Session owner unavailable; retry")
+            await _retry_later(
+                send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
+            )
             return Outcome.UNAVAILABLE
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
             return await self._owner_gone(send, session, owner, OwnerGone.UNKNOWN_TO_OWNER)
+        if outcome is Failure.DROPPED:
+            # The owner may have run the request, so it goes nowhere else. An owner
+            # that no longer takes connections died with the session: the spec's 404.
+            if not await self.upstream.accepts(address):
+                self.view.forget(owner)
+                return await self._owner_gone(send, session, owner, OwnerGone.DIED)
+            await _outcome_unknown(send, owner)
+            return Failure.DROPPED
         if scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.forget(session)
@@ -329,7 +371,7 @@ class Router:
         log.info("session of %s answered 404: owner %s", owner, reason)
         await self.sessions.forget(session)
         self.metrics.owner_gone.labels(reason).inc()
-        await _respond(send, 404, jsonrpc_error(-32600, "Session not found"))
+        await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
         return Outcome.OWNER_GONE
 
     async def _spread(
@@ -364,6 +406,8 @@ class Router:
                     self.view.forget(replica.name)
                 self.metrics.retries.labels(outcome.value).inc()
                 continue
+            if outcome is Failure.DROPPED:
+                await _outcome_unknown(send, replica.name)
             return _outcome(outcome)
         full = (
             kind is RouteKind.INITIALIZE
@@ -371,7 +415,7 @@ class Router:
             and bool(self.view.serving())
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
-        await _retry_later(send, 503, -32000, message)
+        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, message)
         return Outcome.NO_REPLICA
 
     async def _forward(
@@ -397,14 +441,17 @@ class Router:
         """
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
+            opening = asyncio.ensure_future(self.upstream.open(scope, name, address, body))
+            if not await _first_or_client_gone(opening, receive):
+                # The client left before the replica answered: closing the upstream
+                # connection cancels a stateless request on the replica.
+                self._cancelled(kind, scope, address, body, session)
+                return Failure.DISCONNECTED
             try:
-                upstream = await self.upstream.open(scope, name, address, body)
-            except Dropped as exc:
-                # The request may or may not have been processed: never resent. A
-                # session survives this (its owner is alive); the client may retry.
-                status = 503 if kind is RouteKind.STICKY else 502
-                await _retry_later(send, status, -32603, str(exc))
-                return status
+                upstream = opening.result()
+            except Dropped:
+                # The request may have been processed: never re-sent. The caller answers.
+                return Failure.DROPPED
             if isinstance(upstream, Failure):
                 return upstream
             if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
@@ -424,9 +471,58 @@ class Router:
             result = await self.upstream.relay(upstream, address, receive, send)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
+            elif result is Failure.DISCONNECTED:
+                self._cancelled(kind, scope, address, body, session)
             return result
         finally:
             self.view.inflight[name] -= 1
+
+    def _cancelled(
+        self, kind: RouteKind, scope: Scope, address: str, body: bytes, session: str | None
+    ) -> None:
+        """The client went away before its answer was complete: the request is cancelled.
+
+        A stateless request is cancelled by the closed upstream connection alone
+        (the replica sees its client leave). A session's request runs in the
+        session, not in its HTTP request: the owner is told with the spec's
+        ``notifications/cancelled`` for each request id the body carried, sent
+        with the client's own headers (its session id and credentials).
+        """
+        self.metrics.cancelled.labels(kind.value).inc()
+        if session is None:
+            return
+        notices = cancellations(body)
+        if notices:
+            task = asyncio.ensure_future(self.upstream.notify(scope, address, notices))
+            self._notices.add(task)
+            task.add_done_callback(self._notices.discard)
+
+
+async def _first_or_client_gone(opening: asyncio.Future[Any], receive: Receive) -> bool:
+    """Wait for ``opening``; False (and ``opening`` cancelled) if the client left first.
+
+    The request body was read whole before, so the next ASGI message is the
+    client's disconnect, whenever it comes.
+    """
+
+    async def client_gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({opening, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not opening.done():
+            opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    if opening.cancelled() or not opening.done():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await opening
+        return False
+    return True
 
 
 def _outcome(result: int | Failure) -> Outcome | Failure:
@@ -483,7 +579,9 @@ def router_server(config: RouterConfig) -> ClosingServer:
         router,
         host=config.host,
         port=config.port,
-        http=bounded_protocol(config.header_timeout, config.max_connections),
+        http=bounded_protocol(
+            config.header_timeout, config.max_connections, config.max_header_bytes
+        ),
         log_level="warning",
         lifespan="on",
         access_log=False,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -26,13 +27,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from mcpfleet.contract import Attestation, RedisKeys
-from mcpfleet.redisconn import DEFAULT_DEADLINE, describe, within
+from mcpfleet.redisconn import DEFAULT_DEADLINE, describe, pool_full, within
 from mcpfleet.registry import read_replicas
 from mcpfleet.router.decisions import Candidate
 
 log = logging.getLogger("mcpfleet.router")
 
 RedisDown = (RedisError, OSError, asyncio.TimeoutError)
+
+#: The most session lookups one ``MGET`` carries.
+LOOKUP_BATCH = 256
 
 
 @dataclass
@@ -165,7 +169,8 @@ class ReplicaView:
         try:
             registry = await within(self.deadline, read_replicas(self.client, self.keys))
         except RedisDown as exc:
-            self.health.fail(exc)
+            if not pool_full(exc):  # busy, not down: the next refresh tries again
+                self.health.fail(exc)
             return
         self.health.ok()
         now = time.monotonic()
@@ -254,6 +259,11 @@ class LookupSource(enum.StrEnum):
     MISS = "miss"
     #: Redis could not be asked: the session may exist.
     UNKNOWN = "unknown"
+    #: Redis answered "no such session" less than ``negative_ttl`` seconds ago.
+    MISS_CACHED = "miss_cached"
+    #: Every Redis connection of this router stayed busy for the pool wait: the
+    #: router is overloaded, Redis is not down.
+    BUSY = "busy"
 
 
 class SessionTable:
@@ -266,6 +276,8 @@ class SessionTable:
         ttl: float,
         cache_size: int = 200_000,
         deadline: float = DEFAULT_DEADLINE,
+        negative_ttl: float = 2.0,
+        negative_size: int = 50_000,
     ) -> None:
         self.deadline = deadline
         self.client = client
@@ -273,8 +285,17 @@ class SessionTable:
         self.health = health
         self.ttl = ttl
         self.cache_size = cache_size
+        self.negative_ttl = negative_ttl
+        self.negative_size = negative_size
         self._cache: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        #: Ids Redis said it does not know, and when (monotonic): a burst of
+        #: repeated unknown ids costs one lookup each per ``negative_ttl``.
+        #: Session ids are random: no live session was ever one of these.
+        self._unknown: OrderedDict[str, float] = OrderedDict()
         self._unsaved: dict[str, str] = {}
+        #: Lookups waiting for the next ``MGET``, by session id.
+        self._pending: dict[str, list[asyncio.Future[bytes | str | None]]] = {}
+        self._flush_soon = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _remember(self, session: str, owner: str, touched: float) -> None:
@@ -297,27 +318,89 @@ class SessionTable:
                 self._remember(session, owner, now)
                 self._spawn(self._touch(session))
             return owner, LookupSource.CACHE
+        missed = self._unknown.get(session)
+        if missed is not None and time.monotonic() - missed < self.negative_ttl:
+            return None, LookupSource.MISS_CACHED
         try:
-            raw = await within(self.deadline, self.client.get(self.keys.session(session)))
+            raw = await self._get(session)
         except RedisDown as exc:
+            if pool_full(exc):
+                return None, LookupSource.BUSY
             self.health.fail(exc)
             return None, LookupSource.UNKNOWN
         if raw is None:
+            self._note_unknown(session)
             return None, LookupSource.MISS
         owner = raw.decode() if isinstance(raw, bytes) else str(raw)
         self._remember(session, owner, time.monotonic())
         return owner, LookupSource.REDIS
 
+    async def _get(self, session: str) -> bytes | str | None:
+        """``GET`` of one session's route, batched: every lookup that misses the
+        cache within one event-loop turn shares one ``MGET`` (and one pooled
+        connection), so a burst of lookups never queues for the pool one by one."""
+        future: asyncio.Future[bytes | str | None] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(session, []).append(future)
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush_pending)
+        return await future
+
+    def _flush_pending(self) -> None:
+        self._flush_soon = False
+        while self._pending:
+            batch = dict(itertools.islice(self._pending.items(), LOOKUP_BATCH))
+            for session in batch:
+                del self._pending[session]
+            self._spawn(self._mget(batch))
+
+    async def _mget(self, batch: dict[str, list[asyncio.Future[bytes | str | None]]]) -> None:
+        try:
+            values = await within(
+                self.deadline, self.client.mget([self.keys.session(s) for s in batch])
+            )
+        except BaseException as exc:
+            for waiters in batch.values():
+                for future in waiters:
+                    if future.done():
+                        continue
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()  # the router is shutting down
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for waiters, value in zip(batch.values(), values, strict=True):
+            for future in waiters:
+                if not future.done():
+                    future.set_result(value)
+
+    def _note_unknown(self, session: str) -> None:
+        if self.negative_ttl <= 0:
+            return
+        self._unknown[session] = time.monotonic()
+        self._unknown.move_to_end(session)
+        while len(self._unknown) > self.negative_size:
+            self._unknown.popitem(last=False)
+
+    @property
+    def unsaved(self) -> bool:
+        """Sessions opened while Redis (or this router's pool) could not take them."""
+        return bool(self._unsaved)
+
     async def record(self, session: str, owner: str) -> None:
         """Remember a new session's owner; written to Redis before the client hears of it."""
         self._remember(session, owner, time.monotonic())
+        self._unknown.pop(session, None)
         try:
             await within(
                 self.deadline,
                 self.client.set(self.keys.session(session), owner, px=int(self.ttl * 1000)),
             )
         except RedisDown as exc:
-            self.health.fail(exc)
+            if not pool_full(exc):
+                self.health.fail(exc)
             self._unsaved[session] = owner
 
     async def forget(self, session: str) -> None:
@@ -326,7 +409,7 @@ class SessionTable:
         try:
             await within(self.deadline, self.client.delete(self.keys.session(session)))
         except RedisDown as exc:
-            self.health.fail(exc)
+            self._failed(exc)
 
     async def republish(self) -> None:
         """Write every cached session back to Redis (only where absent).
@@ -357,6 +440,10 @@ class SessionTable:
         try:
             await self.client.pexpire(self.keys.session(session), int(self.ttl * 1000))
         except RedisDown as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        if not pool_full(exc):
             self.health.fail(exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -1,7 +1,7 @@
 """The router's upstream side: one HTTP request to one replica, and its relay.
 
-:class:`Upstream` only forwards. It opens the request (headers translated,
-one retry on a fresh connection when a pooled one proves stale), and relays
+:class:`Upstream` only forwards. It opens the request (headers translated;
+never sent twice: see :data:`UPSTREAM_IDLE_SECONDS`), and relays
 the response body chunk by chunk until either side ends. Choosing the
 replica, counting requests in flight, recording sessions and timing live
 around it, in :class:`~mcpfleet.router.proxy.Router`.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import errno
 import logging
+from urllib.parse import urlsplit
 
 import aiohttp
 from starlette.types import Message, Receive, Scope, Send
@@ -73,6 +73,9 @@ class Failure(enum.StrEnum):
     DRAINING = "draining"  # the replica declined the request before any work
     DISCONNECTED = "disconnected"  # the client went away first
     UPSTREAM_BROKE = "upstream_broke"  # the replica's response broke off midway
+    #: The connection broke after the request may have been written, before any
+    #: response: the replica may have run it. Answered, never re-sent.
+    DROPPED = "dropped"
 
     @property
     def nothing_processed(self) -> bool:
@@ -132,16 +135,14 @@ def session_ended(resp: aiohttp.ClientResponse) -> bool:
     return resp.status == 404 and resp.headers.get(SESSION_ENDED_HEADER) == "1"
 
 
-def _stale_connection(exc: aiohttp.ClientError) -> bool:
-    """True for a connection closed or reset before any response: on a pooled keep-alive
-    connection this means the replica never read the request (it closed the idle
-    connection, or its process is gone), so one retry on a fresh connection is safe."""
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return True
-    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (
-        errno.ECONNRESET,
-        errno.EPIPE,
-    )
+#: How long an upstream keep-alive connection may sit idle in the pool before the
+#: router closes it. A replica closes an idle connection after its own keep-alive
+#: timeout (``replica.runtime.REPLICA_KEEPALIVE``, 75 s); retiring ours fifteen
+#: times sooner means a request never meets a connection the replica is closing.
+#: That matters because a connection that breaks after the request was written
+#: is never re-sent: the router cannot tell a stale connection from a replica
+#: that read the request and died running it (a SIGKILL mid-tool).
+UPSTREAM_IDLE_SECONDS = 5.0
 
 
 class Upstream:
@@ -150,19 +151,14 @@ class Upstream:
     def __init__(self, connect_timeout: float) -> None:
         self.connect_timeout = connect_timeout
         self.http: aiohttp.ClientSession | None = None
-        #: Used only to retry a request whose pooled connection proved stale.
-        self.fresh_http: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         # Idle upstream connections are dropped well before a replica would close
-        # them (replica.REPLICA_KEEPALIVE): a request never races a closing connection.
-        self.http = self._client_session(
-            aiohttp.TCPConnector(limit=2000, limit_per_host=0, keepalive_timeout=5.0)
+        # them: a request never races a closing connection.
+        connector = aiohttp.TCPConnector(
+            limit=2000, limit_per_host=0, keepalive_timeout=UPSTREAM_IDLE_SECONDS
         )
-        self.fresh_http = self._client_session(aiohttp.TCPConnector(force_close=True))
-
-    def _client_session(self, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
+        self.http = aiohttp.ClientSession(
             connector=connector,
             # Only connecting is bounded: streams may stay open for as long as they live.
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
@@ -172,9 +168,8 @@ class Upstream:
         )
 
     async def close(self) -> None:
-        for http in (self.http, self.fresh_http):
-            if http is not None:
-                await http.close()
+        if self.http is not None:
+            await self.http.close()
 
     async def open(
         self, scope: Scope, name: str, address: str, body: bytes
@@ -183,7 +178,8 @@ class Upstream:
 
         Returns once the response headers arrived, or the :class:`Failure`
         that proves the replica did no work (refused, timed out connecting).
-        Raises :class:`Dropped` when it failed after accepting the connection.
+        Raises :class:`Dropped` when it failed once the request may have been
+        written: then it is never sent again, to this replica or another.
         """
         url = address + scope["raw_path"].decode("latin-1")
         if scope.get("query_string"):
@@ -193,7 +189,7 @@ class Upstream:
         if client:
             headers.append(("x-forwarded-for", client[0]))
         try:
-            return await self._send(name, scope["method"], url, headers, body)
+            return await self._send(scope["method"], url, headers, body)
         except TimeoutError:
             log.warning(
                 "replica %s did not accept a connection within %.1fs", name, self.connect_timeout
@@ -207,25 +203,46 @@ class Upstream:
             raise Dropped(f"Replica {name} dropped the connection: {type(exc).__name__}") from exc
 
     async def _send(
-        self, name: str, method: str, url: str, headers: list[tuple[str, str]], body: bytes
+        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes
     ) -> aiohttp.ClientResponse:
-        """A pooled connection the replica closed or reset before answering is
-        retried once on a fresh connection: then a live replica answers, and a
-        dead one refuses, which the caller turns into the spec's 404 at once."""
-        assert self.http is not None and self.fresh_http is not None
-        try:
-            return await self.http.request(
-                method, url, headers=headers, data=body or None, allow_redirects=False
-            )
-        except aiohttp.ClientConnectorError:
-            raise
-        except aiohttp.ClientError as exc:
-            if not _stale_connection(exc):
-                raise
-            log.info("replica %s: pooled connection %s; retrying fresh", name, type(exc).__name__)
-        return await self.fresh_http.request(
+        assert self.http is not None
+        return await self.http.request(
             method, url, headers=headers, data=body or None, allow_redirects=False
         )
+
+    async def notify(self, scope: Scope, address: str, body: bytes) -> None:
+        """POST a notification (``body``) to the replica at ``address``, on the same
+        path and with the client's own headers as the request ``scope``; the
+        answer (202) is read and dropped. Bounded by the connect timeout plus one
+        second; a failure is logged only."""
+        assert self.http is not None
+        url = address + scope["raw_path"].decode("latin-1")
+        headers = [
+            (k, v)
+            for k, v in forward_headers(scope["headers"])
+            if k not in ("content-length", "content-type")
+        ]
+        headers.append(("content-type", "application/json"))
+        try:
+            async with asyncio.timeout(self.connect_timeout + 1.0):
+                async with self.http.post(url, headers=headers, data=body) as resp:
+                    await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("cancellation not delivered to %s: %s", address, type(exc).__name__)
+
+    async def accepts(self, address: str) -> bool:
+        """Whether the replica at ``address`` accepts a connection within the connect
+        timeout: after a dropped request, tells a dead owner from a live one."""
+        parts = urlsplit(address)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
 
     async def relay(
         self, upstream: aiohttp.ClientResponse, address: str, receive: Receive, send: Send
