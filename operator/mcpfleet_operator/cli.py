@@ -47,9 +47,9 @@ def add_parsers(sub: Any) -> None:
         default="",
         env_note=" (default: $MCPFLEET_REDIS_URL)",
     )
-    o.add_argument("--metrics-host", default="0.0.0.0")
-    o.add_argument("--metrics-port", type=int, default=9090)
-    o.add_argument("--health-host", default="0.0.0.0")
+    o.add_argument("--metrics-host", default="0.0.0.0", help="address /metrics listens on")
+    o.add_argument("--metrics-port", type=int, default=9090, help="port /metrics listens on")
+    o.add_argument("--health-host", default="0.0.0.0", help="address the liveness check listens on")
     o.add_argument("--health-port", type=int, default=8080, help="kopf's liveness: GET /healthz")
     o.add_argument(
         "--peering",
@@ -75,7 +75,9 @@ def add_parsers(sub: Any) -> None:
         default=120.0,
         help="seconds a rotation step may wait for replicas before it is reported stalled",
     )
-    o.add_argument("--log-format", choices=["plain", "json"], default="plain")
+    o.add_argument(
+        "--log-format", choices=["plain", "json"], default="plain", help="how log lines look"
+    )
 
     r = sub.add_parser("rotate", help="rotate a KeyRing's key (creates a KeyRotation)")
     r.add_argument("keyring", help="the KeyRing's name")

@@ -88,6 +88,25 @@ def _redis(args: argparse.Namespace) -> RedisSettings | None:
         raise UsageError(str(exc)) from None
 
 
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Every flag's help line ends with its default, unless it names one already
+    (or has none worth naming: a switch, an empty list, no value)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or default in ([], "", ())
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 #: The entry-point group through which installed packages add subcommands.
 COMMANDS_GROUP = "mcpfleet.commands"
 
@@ -106,23 +125,37 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mcpfleet", description=__doc__.splitlines()[0] if __doc__ else ""
     )
     p.add_argument("--version", action="version", version=f"mcpfleet {__version__}")
-    p.add_argument("--log-level", default=os.environ.get("MCPFLEET_LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("MCPFLEET_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR ($MCPFLEET_LOG_LEVEL)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     # Every default comes from the config dataclasses (mcpfleet.config).
     rep, rtr = ReplicaConfig, RouterConfig
     s = sub.add_parser("serve", help="run one replica of a FastMCP app")
     s.add_argument("--app", default=rep.app, help="the FastMCP server, as module:attribute")
-    s.add_argument("--host", default=rep.host)
-    s.add_argument("--port", type=_port, default=rep.port)
+    s.add_argument("--host", default=rep.host, help="address to listen on")
+    s.add_argument("--port", type=_port, default=rep.port, help="port to listen on")
     s.add_argument("--keys", type=Path, required=True, help="key ring directory (a Secret volume)")
     redisconn.add_flags(s, url_help="Redis for the registry (omit: standalone)")
     s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
     s.add_argument("--advertise", default="", help="URL other components reach this replica at")
-    s.add_argument("--fleet", type=_fleet, default=rep.fleet)
+    s.add_argument(
+        "--fleet",
+        type=_fleet,
+        default=rep.fleet,
+        help="the fleet's name: its Redis keys' prefix, the same for every component",
+    )
     s.add_argument("--audience", default="", help="request-state audience (default: from --app)")
     s.add_argument("--state-ttl", type=_positive, default=rep.state_ttl, help="token TTL, s")
-    s.add_argument("--drain-timeout", type=_positive, default=rep.drain_timeout)
+    s.add_argument(
+        "--drain-timeout",
+        type=_positive,
+        default=rep.drain_timeout,
+        help="s a draining replica waits for its pinned sessions before it exits",
+    )
     s.add_argument(
         "--drain-linger",
         type=float,
@@ -135,8 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=rep.session_idle,
         help="s an idle handshake session lives; must equal the router's --session-ttl",
     )
-    s.add_argument("--heartbeat", type=_positive, default=rep.heartbeat_interval)
-    s.add_argument("--heartbeat-ttl", type=_positive, default=rep.heartbeat_ttl)
+    s.add_argument(
+        "--heartbeat",
+        type=_positive,
+        default=rep.heartbeat_interval,
+        help="s between two attestations in Redis",
+    )
+    s.add_argument(
+        "--heartbeat-ttl",
+        type=_positive,
+        default=rep.heartbeat_ttl,
+        help="s an attestation lives without a heartbeat",
+    )
     s.add_argument("--allowed-host", action="append", default=[], help="a Host also accepted")
     s.add_argument("--allowed-origin", action="append", default=[], help="an Origin accepted")
     s.add_argument(
@@ -161,17 +204,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     r = sub.add_parser("router", help="run the sticky router")
-    r.add_argument("--host", default=rtr.host)
-    r.add_argument("--port", type=_port, default=rtr.port)
+    r.add_argument("--host", default=rtr.host, help="address to listen on")
+    r.add_argument("--port", type=_port, default=rtr.port, help="port to listen on")
     redisconn.add_flags(r, url_help="Redis for the routing table", required=True)
-    r.add_argument("--fleet", type=_fleet, default=rtr.fleet)
+    r.add_argument(
+        "--fleet",
+        type=_fleet,
+        default=rtr.fleet,
+        help="the fleet's name: its Redis keys' prefix, the same for every component",
+    )
     r.add_argument(
         "--session-ttl",
         type=_positive,
         default=rtr.session_ttl,
         help="s an idle session's route lives; must equal the replicas' --session-idle",
     )
-    r.add_argument("--session-cap", type=int, default=None, help="max sessions per replica")
+    r.add_argument(
+        "--session-cap",
+        type=int,
+        default=None,
+        help="max sessions per replica (default: no cap)",
+    )
     r.add_argument(
         "--redis-deadline",
         type=_positive,
@@ -192,10 +245,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="s after SIGTERM the router still serves, answering Connection: close,"
         f" before its graceful shutdown (default {rtr.drain_linger})",
     )
-    r.add_argument("--max-body-bytes", type=int, default=rtr.max_body_bytes)
-    r.add_argument("--max-header-bytes", type=int, default=rtr.max_header_bytes)
-    r.add_argument("--header-timeout", type=_positive, default=rtr.header_timeout)
-    r.add_argument("--body-timeout", type=_positive, default=rtr.body_timeout)
+    r.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=rtr.max_body_bytes,
+        help="largest request body read; past it, 413",
+    )
+    r.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=rtr.max_header_bytes,
+        help="largest request header block, counted as it arrives; past it, 431",
+    )
+    r.add_argument(
+        "--header-timeout",
+        type=_positive,
+        default=rtr.header_timeout,
+        help="s a client has to send its request line and headers; past it, 408",
+    )
+    r.add_argument(
+        "--body-timeout",
+        type=_positive,
+        default=rtr.body_timeout,
+        help="s a client has to send its request body; past it, 408",
+    )
     r.add_argument(
         "--max-connections",
         type=_positive_int,
@@ -239,19 +312,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     k = sub.add_parser("keys", help="create or rotate a local key ring directory")
-    k.add_argument("action", choices=["generate", "stage", "promote", "retire", "abort", "show"])
-    k.add_argument("dir", type=Path)
+    k.add_argument(
+        "action",
+        choices=["generate", "stage", "promote", "retire", "abort", "show"],
+        help="what to do to the ring",
+    )
+    k.add_argument("dir", type=Path, help="the key ring directory")
     k.add_argument("--force", action="store_true", help="generate over an existing ring")
 
     d = sub.add_parser("dev", help="run a whole fleet on 127.0.0.1 until Ctrl-C")
-    d.add_argument("--replicas", type=int, default=3)
-    d.add_argument("--port", type=_port, default=8000)
-    d.add_argument("--app", default=DEFAULT_APP)
-    d.add_argument("--workdir", type=Path, default=None)
+    d.add_argument("--replicas", type=int, default=3, help="replica processes")
+    d.add_argument("--port", type=_port, default=8000, help="the router's port")
+    d.add_argument("--app", default=DEFAULT_APP, help="the FastMCP server, as module:attribute")
+    d.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where keys, logs and Redis data go (default: a new temporary directory)",
+    )
 
     m = sub.add_parser("demo", help="book a flight through a fleet and show where rounds land")
-    m.add_argument("--url", default="http://127.0.0.1:8000/mcp")
-    m.add_argument("--era", choices=["modern", "handshake"], default="modern")
+    m.add_argument("--url", default="http://127.0.0.1:8000/mcp", help="the fleet's MCP endpoint")
+    m.add_argument(
+        "--era",
+        choices=["modern", "handshake"],
+        default="modern",
+        help="the protocol era the client speaks",
+    )
 
     t = sub.add_parser(
         "selftest",
@@ -260,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("url", help="the fleet's MCP endpoint, e.g. http://mcpfleet-router/mcp")
     for plugin in command_plugins():
         plugin.add_parsers(sub)  # e.g. mcpfleet_operator.cli: `operator` and `rotate`
+    p.formatter_class = HelpWithDefaults
+    for parser in sub.choices.values():
+        parser.formatter_class = HelpWithDefaults
     return p
 
 
