@@ -16,6 +16,12 @@
 set -euo pipefail
 # shellcheck source=hack/lib/engine.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
+# Whether Debian's package is installed: `dpkg -s` also succeeds for a package
+# that was removed but not purged ("deinstall ok config-files"), whose
+# programs are gone.
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'
+}
 # Where Debian's CNI plugin packages put their binaries.
 cni="${MCPFLEET_CNI_PLUGIN_DIR:-/usr/lib/cni}"
 need=()
@@ -64,7 +70,7 @@ for pkg in "$@"; do
     *) pkgs=("$pkg") ;;
   esac
   for p in "${pkgs[@]}"; do
-    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+    installed "$p" || need+=("$p")
   done
 done
 # MCPFLEET_DEBS_DRY_RUN=1: print what would be installed (one line) and stop.

@@ -28,7 +28,8 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 
 def _machine(tmp_path: Path, *, docker: str | None, podman: bool) -> Path:
     """A PATH holding only stubs: ``docker`` whose ``info`` exits ``docker`` ('ok'/'fails'),
-    ``podman`` if ``podman``; dpkg knows no package, and every other command the
+    ``podman`` if ``podman``; dpkg knows no package installed (podman only removed,
+    its config files left, as ``apt-get remove`` leaves it), and every other command the
     script looks for is missing (but ``dirname``, which it uses to find its library)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -37,7 +38,15 @@ def _machine(tmp_path: Path, *, docker: str | None, podman: bool) -> Path:
         _stub(bin_dir, "docker", f'[ "$1" = info ] && exit {code}; exit 0')
     if podman:
         _stub(bin_dir, "podman", "exit 0")
-    _stub(bin_dir, "dpkg", "exit 1")
+    # dpkg knows podman only as removed, not purged (its config files are left).
+    _stub(
+        bin_dir,
+        "dpkg-query",
+        '[ "$4" = podman ] && { printf "deinstall ok config-files"; exit 0; }; exit 1',
+    )
+    # ...while `dpkg -s podman` succeeds for it, as the real one does.
+    _stub(bin_dir, "dpkg", '[ "$1" = -s ] && [ "$2" = podman ] && exit 0; exit 1')
+    _stub(bin_dir, "grep", 'exec /bin/grep "$@"')
     _stub(bin_dir, "id", "echo 0")
     # coreutils' timeout, as the engine probe uses it: drop the duration, run the rest.
     _stub(bin_dir, "timeout", 'shift; exec "$@"')
@@ -76,6 +85,12 @@ def test_a_docker_engine_that_answers_needs_no_podman(tmp_path: Path) -> None:
     assert "podman" not in packages
     assert "golang-github-containernetworking-plugin-dnsname" not in packages
     assert "buildah" in packages  # the node image is made here either way
+
+
+def test_a_podman_removed_but_not_purged_is_installed_again(tmp_path: Path) -> None:
+    """``apt-get remove podman`` leaves its config files: ``dpkg -s`` still says yes."""
+    packages = _would_install(_machine(tmp_path, docker=None, podman=False), "kind")
+    assert "podman" in packages
 
 
 def test_no_docker_at_all_gets_podman(tmp_path: Path) -> None:
