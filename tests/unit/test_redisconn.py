@@ -7,6 +7,7 @@ tests/fleet/test_redis_*.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -373,3 +374,46 @@ def test_clients_retry_once_on_a_connection_error_only_and_never_back_off() -> N
     assert retry.get_retries() == 1
     assert isinstance(retry._backoff, NoBackoff)
     assert retry._supported_errors == (RedisConnectionError,)
+
+
+async def test_a_late_reply_is_asked_again_within_the_deadline_on_a_plain_redis() -> None:
+    """The claim is safe to send twice: a reply later than the socket timeout (a loaded
+    machine) is asked again at once, while the deadline lasts, and no longer."""
+    import time
+
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    plain = object()  # no Sentinel pool
+    tries: list[float] = []
+
+    async def late_once() -> str:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise RedisTimeout("Timeout reading from redis")
+        return "claimed"
+
+    assert await redisconn.ride_through(plain, late_once, deadline=2.0, failover_wait=8.0) == (
+        "claimed"
+    )
+    assert len(tries) == 2
+
+    async def always_late() -> str:
+        tries.append(time.monotonic())
+        await asyncio.sleep(0.05)
+        raise RedisTimeout("Timeout reading from redis")
+
+    tries.clear()
+    started = time.monotonic()
+    with pytest.raises((RedisTimeout, TimeoutError)):
+        await redisconn.ride_through(plain, always_late, deadline=0.3, failover_wait=8.0)
+    took = time.monotonic() - started
+    assert len(tries) >= 2 and took < 0.3 + 0.2  # bounded by the deadline, not failover_wait
+
+    async def refused() -> str:
+        tries.append(time.monotonic())
+        raise ConnectionRefusedError("refused")
+
+    tries.clear()
+    with pytest.raises(ConnectionRefusedError):
+        await redisconn.ride_through(plain, refused, deadline=2.0, failover_wait=8.0)
+    assert len(tries) == 1  # a Redis that is gone fails at once
