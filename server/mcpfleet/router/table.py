@@ -48,6 +48,10 @@ class Health:
     reason: str = ""
 
     def fail(self, exc: BaseException) -> None:
+        """Redis could not be used. A full connection pool is the router being busy,
+        not Redis down: it changes nothing here (the next call tries again)."""
+        if pool_full(exc):
+            return
         if not self.degraded:
             log.error(
                 "Redis unreachable (%s): degraded, routing from cache and the last known "
@@ -169,8 +173,7 @@ class ReplicaView:
         try:
             registry = await within(self.deadline, read_replicas(self.client, self.keys))
         except RedisDown as exc:
-            if not pool_full(exc):  # busy, not down: the next refresh tries again
-                self.health.fail(exc)
+            self.health.fail(exc)
             return
         self.health.ok()
         now = time.monotonic()
@@ -399,8 +402,7 @@ class SessionTable:
                 self.client.set(self.keys.session(session), owner, px=int(self.ttl * 1000)),
             )
         except RedisDown as exc:
-            if not pool_full(exc):
-                self.health.fail(exc)
+            self.health.fail(exc)
             self._unsaved[session] = owner
 
     async def forget(self, session: str) -> None:
@@ -409,7 +411,7 @@ class SessionTable:
         try:
             await within(self.deadline, self.client.delete(self.keys.session(session)))
         except RedisDown as exc:
-            self._failed(exc)
+            self.health.fail(exc)
 
     async def republish(self) -> None:
         """Write every cached session back to Redis (only where absent).
@@ -440,10 +442,6 @@ class SessionTable:
         try:
             await self.client.pexpire(self.keys.session(session), int(self.ttl * 1000))
         except RedisDown as exc:
-            self._failed(exc)
-
-    def _failed(self, exc: BaseException) -> None:
-        if not pool_full(exc):
             self.health.fail(exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
