@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body
+from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body, response_body
 from mcpfleet.contract import ROUTER_ERROR_HEADER
 
 JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -63,15 +63,9 @@ class Reply:
 
 
 def _reply(resp: httpx.Response) -> Reply:
-    text = resp.text
-    if resp.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
-        text = data[-1] if data else "{}"
-    try:
-        body = json.loads(text or "{}")
-    except ValueError:
-        body = {"text": text}
-    return Reply(resp.status_code, body, resp.headers.get(ROUTER_ERROR_HEADER) == "1")
+    return Reply(
+        resp.status_code, response_body(resp), resp.headers.get(ROUTER_ERROR_HEADER) == "1"
+    )
 
 
 def post(http: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> Reply:

@@ -67,15 +67,21 @@ def modern_call(
     finally:
         if own:
             http.close()
+    return Answer(resp.status_code, response_body(resp), resp.headers.get("x-mcpfleet-replica"))
+
+
+def response_body(resp: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message of an answer, in either response mode (the last SSE
+    ``data:`` line of a stream); a body that is not JSON as ``{"text": ...}``."""
     text = resp.text
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
         data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
         text = data[-1] if data else "{}"
     try:
-        body = json.loads(text or "{}")
+        body: dict[str, Any] = json.loads(text or "{}")
     except ValueError:
         body = {"text": text}
-    return Answer(resp.status_code, body, resp.headers.get("x-mcpfleet-replica"))
+    return body
 
 
 def initialize_body(client_name: str) -> str:
