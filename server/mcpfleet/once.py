@@ -61,7 +61,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final, Literal, Protocol
 
@@ -583,6 +583,18 @@ class _Binding:
     result_limit: int
     wait: float
     boot: str = ""
+    #: Claims to take back (by claim token), and the one task that does it for all.
+    releases: dict[str, _Release] = field(default_factory=dict)
+    releaser: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Release:
+    flow: str
+    mine: Record
+    give_up: float
+    #: Since when Redis has answered without the claim being there.
+    answered_since: float | None = None
 
 
 _ATTR = "_mcpfleet_once_ledger"
@@ -749,7 +761,7 @@ async def run_once(
         except LedgerUnavailable as exc:
             log.warning("once: flow not claimed, the ledger is unavailable: %s", exc)
             # The claim may land once Redis answers again: take it back then.
-            _background(_release(b, flow, mine))
+            _release_later(b, flow, mine)
             seen(OnceOutcome.UNAVAILABLE)
             raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE) from None
         if held is None or held.claim == mine.claim:
@@ -759,7 +771,7 @@ async def run_once(
                 said = await b.ledger.confirm(flow, mine, lifetime, replied)
             except LedgerUnavailable as exc:
                 log.warning("once: claim not confirmed, the ledger is unavailable: %s", exc)
-                _background(_release(b, flow, mine))
+                _release_later(b, flow, mine)
                 seen(OnceOutcome.UNAVAILABLE)
                 raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE) from None
             if said is Confirmed.YES:
@@ -771,7 +783,7 @@ async def run_once(
             # Late, or gone (a failover lost the claim): nothing ran. A late claim is
             # taken back; the flow is claimed afresh while the round's wait lasts.
             if said is Confirmed.LATE:
-                _background(_release(b, flow, mine))
+                _release_later(b, flow, mine)
             if time.monotonic() >= deadline:
                 log.warning("once: claim not confirmed (%s): nothing run", said.value)
                 seen(OnceOutcome.UNAVAILABLE)
@@ -811,10 +823,11 @@ async def run_once(
 _STORING: set[asyncio.Task[None]] = set()
 
 
-def _background(coro: Awaitable[None]) -> None:
+def _background(coro: Awaitable[None]) -> asyncio.Task[None]:
     task = asyncio.ensure_future(coro)
     _STORING.add(task)
     task.add_done_callback(_STORING.discard)
+    return task
 
 
 def _keep(b: _Binding, flow: str, record: Record, lifetime: float) -> None:
@@ -847,28 +860,45 @@ def _keep(b: _Binding, flow: str, record: Record, lifetime: float) -> None:
 RELEASE_FOR: Final = 120.0
 
 
-async def _release(b: _Binding, flow: str, mine: Record) -> None:
-    """Take back a claim this round may have made without knowing (Redis stalled).
+def _release_later(b: _Binding, flow: str, mine: Record) -> None:
+    """Take back, in the background, a claim this round may have made without knowing.
 
     A command sent to a stalled Redis runs when it resumes: the claim lands
-    after its round already answered "unavailable". Tried until it deleted
-    the claim, or Redis has answered for a second without it being there
-    (a late command runs as Redis resumes), or :data:`RELEASE_FOR` passed; the
-    lease bounds the rest.
+    after its round already answered "unavailable". One task per ledger binding
+    releases every such claim, one command at a time: an outage that failed a
+    thousand rounds leaves a thousand claims to release, never a thousand tasks
+    polling Redis (and taking the pool's connections from the request path) the
+    moment it answers again.
     """
-    give_up = time.monotonic() + RELEASE_FOR
-    answered_since: float | None = None
-    while time.monotonic() < give_up:
-        try:
-            if await b.ledger.release(flow, mine):
-                log.info("once: a claim that did not lead to finish was released")
-                return
+    b.releases[mine.claim] = _Release(flow, mine, time.monotonic() + RELEASE_FOR)
+    if b.releaser is None or b.releaser.done():
+        b.releaser = _background(_releaser(b))
+
+
+async def _releaser(b: _Binding) -> None:
+    """Release each pending claim until it is deleted, or Redis has answered for a second
+    without it being there (a late command runs as Redis resumes), or
+    :data:`RELEASE_FOR` passed; the lease bounds the rest. Redis not answering
+    pauses the round (every pending claim waits for the next)."""
+    while b.releases:
+        for token, item in list(b.releases.items()):
             now = time.monotonic()
-            answered_since = answered_since or now
-            if now - answered_since >= 1.0:
-                return
-        except LedgerUnavailable:
-            answered_since = None
+            if now >= item.give_up:
+                del b.releases[token]
+                continue
+            try:
+                if await b.ledger.release(item.flow, item.mine):
+                    log.info("once: a claim that did not lead to finish was released")
+                    del b.releases[token]
+                    continue
+            except LedgerUnavailable:
+                for pending in b.releases.values():
+                    pending.answered_since = None
+                break
+            now = time.monotonic()
+            item.answered_since = item.answered_since or now
+            if now - item.answered_since >= 1.0:
+                del b.releases[token]
         await asyncio.sleep(0.25)
 
 

@@ -460,3 +460,42 @@ async def test_the_redis_confirmation_is_asked_again_through_a_failover() -> Non
     client.data[RedisKeys("f").once("flow")] = mine.to_json()
     assert await ledger.confirm("flow", mine, 600, time.monotonic()) is Confirmed.YES
     assert client.refused == 0
+
+
+async def test_claims_left_by_an_outage_are_released_by_one_task_one_at_a_time() -> None:
+    """Forty rounds fail during an outage, each leaving a claim that landed: one
+    background task takes them all back, never two release commands at once."""
+
+    class Outage(MemoryLedger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = True
+            self.running = self.most = 0
+
+        async def claim(self, flow: str, record: Record, lease: float) -> Record | None:
+            await super().claim(flow, record, lease)
+            raise LedgerUnavailable("no answer within 2s")
+
+        async def release(self, flow: str, mine: Record) -> bool:
+            if self.down:
+                raise LedgerUnavailable("connection refused")
+            self.running += 1
+            self.most = max(self.most, self.running)
+            await asyncio.sleep(0)
+            self.running -= 1
+            return await super().release(flow, mine)
+
+    ledger = Outage()
+    app, _ = app_with(ledger)
+    flows = [new_flow_id() for _ in range(40)]
+    for flow in flows:
+        with pytest.raises(FlowUnavailable):
+            await run_once(app, flow, counting([]), convert)
+    from mcpfleet.once import _STORING
+
+    assert len(_STORING) == 1, "one release task for every claim left"
+    await asyncio.sleep(0.3)
+    ledger.down = False
+    await settle()
+    assert ledger.most == 1
+    assert [await ledger.get(flow) for flow in flows] == [None] * 40
