@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from mcpfleet import redisconn
+from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.dev.localprom import (
     REPLICA_JOB,
@@ -39,7 +40,6 @@ from mcpfleet.dev.wait import WaitTimeout, wait_for
 from mcpfleet.keys.files import read_ring, write_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.registry import read_replicas_sync
-from mcpfleet.replica.appload import DEFAULT_APP
 
 
 class FleetError(RuntimeError):
@@ -160,9 +160,6 @@ class LocalFleet:
     def url(self) -> str:
         """The MCP endpoint of the first router."""
         return f"http://127.0.0.1:{self.router_ports[0]}/mcp"
-
-    def router_url(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.router_ports[index]}/mcp"
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -355,10 +352,6 @@ class LocalFleet:
 
     # --- operations ----------------------------------------------------------------------
 
-    def replica_names(self) -> list[str]:
-        """Replicas whose process is running."""
-        return [m.name for m in self.members.values() if m.proc.alive]
-
     def kill(self, name: str) -> None:
         """SIGKILL a replica: no drain, no goodbye."""
         proc = self.members[name].proc
@@ -378,29 +371,6 @@ class LocalFleet:
 
     def ring(self) -> KeyRing:
         return read_ring(self.keys_dir)
-
-    def rotate_step(self, step: str) -> KeyRing:
-        """Apply one of stage/promote/retire/abort to the shared ring directory."""
-        ring: KeyRing = getattr(self.ring(), step)()
-        write_ring(self.keys_dir, ring)
-        return ring
-
-    def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None:
-        """Until every live serving replica attests exactly ``kids`` (in order)."""
-
-        def converged() -> bool:
-            live = [m for m in self.members.values() if m.proc.alive]
-            att = self.attestations()
-            return all(m.name in att and att[m.name].kids == kids for m in live)
-
-        import redis
-
-        wait_for(
-            converged,
-            timeout=timeout,
-            what=f"every replica to attest kids {list(kids)}",
-            retry_on=(OSError, redis.RedisError),
-        )
 
     def metrics_targets(self) -> list[Target]:
         """Every process with a ``/metrics``: the replicas and the routers."""
