@@ -149,7 +149,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "mcpfleet_replica_ready",
             "1 while the replica takes new sessions and rounds.",
-            value=int(st.ready and not st.draining),
+            value=int(not st.draining),
         )
 
 
