@@ -46,7 +46,7 @@ from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from fleetkit.pods import make_pod_ready
 from fleetkit.rbac import service_account, service_account_with_rules
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_LABEL
-from mcpfleet.dev.fleet import FleetError, Proc, Replica
+from mcpfleet.dev.fleet import FleetError, Proc, ReplicaProcess
 from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing, KeyRingError
 from mcpfleet_operator import secretring
@@ -160,7 +160,7 @@ class ControlPlaneFleet(ProcessFleet):
         """Replica ``name``'s own volume: nothing but its syncer writes there."""
         return self.workdir / "volumes" / name
 
-    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> Replica:
+    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> ReplicaProcess:
         """Pod (Pending), then its Secret volume (first sync on disk), then the process."""
         self._release(name)  # a previous incarnation of the same name
         self._create_pod(name)

@@ -118,7 +118,7 @@ def mcpfleet_argv(*args: str) -> list[str]:
 
 
 @dataclass
-class Replica:
+class ReplicaProcess:
     name: str
     port: int
     proc: Proc
@@ -142,7 +142,7 @@ class LocalFleet:
     router_args: Sequence[str] = ()
     redis_server: str | None = field(default_factory=lambda: shutil.which("redis-server"))
     redis_port: int = 0
-    members: dict[str, Replica] = field(default_factory=dict)
+    members: dict[str, ReplicaProcess] = field(default_factory=dict)
     router_procs: list[Proc] = field(default_factory=list)
     router_ports: list[int] = field(default_factory=list)
     redis: Proc | None = None
@@ -279,7 +279,7 @@ class LocalFleet:
         """The key ring directory replica ``name`` reads (here: one, shared)."""
         return self.keys_dir
 
-    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> Replica:
+    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> ReplicaProcess:
         port = free_port()
         proc = Proc(
             name,
@@ -302,7 +302,7 @@ class LocalFleet:
             self.workdir / f"{name}.log",
         )
         proc.start(self.env())
-        member = Replica(name, port, proc)
+        member = ReplicaProcess(name, port, proc)
         self.members[name] = member
         if wait:
             self.wait_replica(name, timeout)

@@ -132,7 +132,7 @@ class Replica:
 
     def _ring_changed(self, ring: KeyRing) -> None:
         if self.publisher is not None:
-            self.publisher.nudge()
+            self.publisher.publish_soon()
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -185,7 +185,7 @@ class Replica:
         cfg = self.config
         self.state.draining = True
         if self.publisher is not None:
-            self.publisher.nudge()
+            self.publisher.publish_soon()
         log.info(
             "draining: %d session(s), %d request(s) in flight; deadline %.0fs",
             self.state.live_sessions(),
