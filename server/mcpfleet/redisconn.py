@@ -624,7 +624,8 @@ async def ride_through(
     failover in progress: the step is tried again, every
     :data:`FAILOVER_PAUSE` seconds, until it succeeds or ``failover_wait``
     seconds have passed since the first try, then the last error is raised.
-    Any other error (a refusal by Redis: NOPERM, OOM) is raised at once.
+    Any other error (a refusal by Redis: NOPERM, OOM), and a full connection
+    pool (:func:`pool_full`: this process is busy), is raised at once.
     ``step`` must be safe to send twice (the once ledger's claim carries a
     token that recognises its own record).
     """
@@ -644,9 +645,9 @@ async def ride_through(
     while True:
         try:
             return await within(deadline, step())
-        except (RedisConnectionError, RedisTimeout, OSError):
-            if time.monotonic() + FAILOVER_PAUSE >= limit:
-                raise
+        except (RedisConnectionError, RedisTimeout, OSError) as exc:
+            if pool_full(exc) or time.monotonic() + FAILOVER_PAUSE >= limit:
+                raise  # a full pool is this process busy, not a failover
         await asyncio.sleep(FAILOVER_PAUSE)
 
 

@@ -55,6 +55,13 @@ def add_parsers(sub: Any) -> None:
         help=f"s each Redis call on a request's path may take (default {rtr.redis_deadline})",
     )
     r.add_argument(
+        "--redis-failover-wait",
+        type=non_negative,
+        default=rtr.redis_failover_wait,
+        help="s a session lookup the cache cannot answer waits for a new master through"
+        f" Sentinel (default {rtr.redis_failover_wait})",
+    )
+    r.add_argument(
         "--graceful-timeout",
         type=positive_int,
         default=rtr.graceful_timeout,

@@ -162,6 +162,7 @@ class Router:
             self.health,
             ttl=config.session_ttl,
             deadline=config.redis_deadline,
+            failover_wait=config.redis_failover_wait,
             negative_ttl=config.unknown_session_ttl,
         )
         self.metrics = RouterMetrics()
