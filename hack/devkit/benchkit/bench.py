@@ -30,7 +30,7 @@ from benchkit.profilebench import router_cpu_rows
 from benchkit.targets import Figures, target_rows
 from fleetkit.fleet import ProcessFleet
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
-from mcpfleet.dev.demo import connect
+from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.codec import ReloadableCodec
