@@ -121,7 +121,8 @@ class RedisKeys:
           watch and the version check at start: INFO). The routes of its own
           sessions, written back when Redis lost them (SET NX PX).
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
-          read and write; the registry, read only.
+          read and write; the registry, read only; the version check at
+          start: INFO.
         * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
           the attestations, read only.
 
@@ -156,8 +157,9 @@ class RedisKeys:
             ]
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
-            # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL.
-            commands = ["smembers", "mget", "get", "set", "pexpire", "del"]
+            # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL;
+            # the version check at start: INFO.
+            commands = ["smembers", "mget", "get", "set", "pexpire", "del", "info"]
         elif component == "operator":
             keys = [f"%R~{registry}", f"%R~{records}"]
             commands = ["smembers", "mget"]
