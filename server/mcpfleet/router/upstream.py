@@ -202,7 +202,7 @@ class Upstream:
             )
             return Failure.TIMEOUT
         except ConnectFailed as exc:
-            log.info("replica %s refused the connection: %s", name, exc.os_error)
+            log.info("replica %s refused the connection at %s: %s", name, address, exc.os_error)
             return Failure.REFUSED
         except Broken as exc:
             log.warning("replica %s failed before answering: %s", name, exc)
