@@ -176,10 +176,13 @@ class Router:
         self._notices: set[asyncio.Future[None]] = set()
         #: Set at SIGTERM: answers close their connections, /readyz says 503.
         self.closing = False
+        #: The loop the router serves on (set at startup).
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def startup(self) -> None:
+        self.loop = asyncio.get_running_loop()
         await self.upstream.start()
         await self.view.refresh()
         log.info(
@@ -445,7 +448,9 @@ class Router:
         try:
             try:
                 upstream = await _unless_client_leaves(
-                    self.upstream.open(scope, name, address, body), receive
+                    self.upstream.open(scope, name, address, body),
+                    receive,
+                    self.loop or asyncio.get_running_loop(),
                 )
             except Dropped:
                 # The request may have been processed: never re-sent. The caller answers.
@@ -505,7 +510,9 @@ class _ClientLeft(Exception):
     """The client went away while the router waited for the replica's answer."""
 
 
-async def _unless_client_leaves(opening: Coroutine[Any, Any, _T], receive: Receive) -> _T:
+async def _unless_client_leaves(
+    opening: Coroutine[Any, Any, _T], receive: Receive, loop: asyncio.AbstractEventLoop
+) -> _T:
     """Await ``opening`` in this task; raise :class:`_ClientLeft` (``opening``
     cancelled: it closes its connection) if the client leaves first.
 
@@ -514,7 +521,7 @@ async def _unless_client_leaves(opening: Coroutine[Any, Any, _T], receive: Recei
     comes, cancels this one; no second task, no ``asyncio.wait`` (two tasks and
     a wait per forwarded request were a measurable share of the router's CPU).
     """
-    task = asyncio.current_task()
+    task = asyncio.current_task(loop)  # (given the loop: no getpid() call on Python 3.11)
     assert task is not None
     left = False
     armed = True
@@ -523,7 +530,7 @@ async def _unless_client_leaves(opening: Coroutine[Any, Any, _T], receive: Recei
 
     def watch() -> None:
         nonlocal watcher
-        watcher = asyncio.ensure_future(receive())
+        watcher = loop.create_task(receive())  # type: ignore[arg-type]
         watcher.add_done_callback(on_message)
 
     def on_message(done: asyncio.Future[Message]) -> None:
