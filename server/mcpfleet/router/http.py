@@ -25,14 +25,16 @@ nothing bounds a response: streams live as long as they need.
 
 uvicorn accepts any protocol class as ``http=``; this one subclasses its
 ``HttpToolsProtocol`` and overrides only connection and parser callbacks,
-each calling the original first or last (``on_headers_complete`` then hands
-the new response cycle the coalescing writer in place of the transport). ``tests/fleet/test_router_hardening``
-proves it against the installed uvicorn.
+each calling the original first or last (``on_headers_complete`` also puts
+:data:`WATCH_DISCONNECT` in the scope and hands the new response cycle the
+coalescing writer in place of the transport).
+``tests/fleet/test_router_hardening`` proves it against the installed uvicorn.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -41,6 +43,11 @@ from mcpfleet.contract import ROUTER_ERROR_HEADER
 from mcpfleet.httpio import ErrorCode, jsonrpc_error, raw_response
 
 _MARK = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
+
+#: The key, in a request scope's ``extensions``, of a function that sets (or, given
+#: None, clears) the one callback to run when the client's connection closes: a
+#: waiter learns that its client left without a task reading ``http.disconnect``.
+WATCH_DISCONNECT = "mcpfleet.watch_disconnect"
 
 
 def _answer(status: int, message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> bytes:
@@ -121,6 +128,8 @@ class _BoundedHeaders(HttpToolsProtocol):
     _tail = b""
     _refused = False
     _writes: _CoalescedWrites | None = None
+    _lost = False
+    _on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -175,6 +184,8 @@ class _BoundedHeaders(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[WATCH_DISCONNECT] = self.watch_disconnect
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport and self._writes is not None:
@@ -182,7 +193,19 @@ class _BoundedHeaders(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._lost = True
         super().connection_lost(exc)
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
+
+    def watch_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """Run ``callback`` when the connection closes (at once, soon, if it has);
+        None clears it. One at a time: a connection runs one request at a time."""
+        if callback is not None and self._lost:
+            self.loop.call_soon(callback)
+            return
+        self._on_lost = callback
 
     def _arm(self) -> None:
         if self._header_timer is None:

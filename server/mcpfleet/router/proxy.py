@@ -68,6 +68,7 @@ from mcpfleet.router.decisions import (
     place_session,
     valid_session_id,
 )
+from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.table import (
     Health,
@@ -449,6 +450,7 @@ class Router:
             try:
                 upstream = await _unless_client_leaves(
                     self.upstream.open(scope, name, address, body),
+                    scope,
                     receive,
                     self.loop or asyncio.get_running_loop(),
                 )
@@ -511,21 +513,33 @@ class _ClientLeft(Exception):
 
 
 async def _unless_client_leaves(
-    opening: Coroutine[Any, Any, _T], receive: Receive, loop: asyncio.AbstractEventLoop
+    opening: Coroutine[Any, Any, _T],
+    scope: Scope,
+    receive: Receive,
+    loop: asyncio.AbstractEventLoop,
 ) -> _T:
     """Await ``opening`` in this task; raise :class:`_ClientLeft` (``opening``
     cancelled: it closes its connection) if the client leaves first.
 
-    The request body was read whole before, so the next ASGI message is the
-    client's disconnect, whenever it comes. One task waits for it and, if it
-    comes, cancels this one; no second task, no ``asyncio.wait`` (two tasks and
-    a wait per forwarded request were a measurable share of the router's CPU).
+    Served by the router's own HTTP protocol (:mod:`mcpfleet.router.http`), the
+    connection tells when it closes, and that cancels this task: no task, no
+    ``asyncio.wait`` per request (two tasks and a wait per forwarded request
+    were a measurable share of the router's CPU). Elsewhere (an ASGI test
+    client) one task reads the next ASGI message, which is the client's
+    disconnect, whenever it comes (the request body was read whole before).
     """
     task = asyncio.current_task(loop)  # (given the loop: no getpid() call on Python 3.11)
     assert task is not None
     left = False
     armed = True
 
+    def gone() -> None:
+        nonlocal left
+        if armed:
+            left = True
+            task.cancel()
+
+    watch_disconnect = scope.get("extensions", {}).get(WATCH_DISCONNECT)
     watcher: asyncio.Future[Message] | None = None
 
     def watch() -> None:
@@ -534,16 +548,17 @@ async def _unless_client_leaves(
         watcher.add_done_callback(on_message)
 
     def on_message(done: asyncio.Future[Message]) -> None:
-        nonlocal left
         if not armed or done.cancelled() or done.exception() is not None:
             return
         if done.result()["type"] == "http.disconnect":
-            left = True
-            task.cancel()
+            gone()
         else:  # not a disconnect (none is expected): keep watching
             watch()
 
-    watch()
+    if watch_disconnect is not None:
+        watch_disconnect(gone)
+    else:
+        watch()
     try:
         return await opening
     except asyncio.CancelledError:
@@ -552,6 +567,8 @@ async def _unless_client_leaves(
         raise
     finally:
         armed = False
+        if watch_disconnect is not None:
+            watch_disconnect(None)
         if watcher is not None:
             watcher.cancel()
 
