@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import gc
 import json
 import logging
 import time
@@ -177,6 +178,9 @@ class Router:
         self._notices: set[asyncio.Future[None]] = set()
         #: Set at SIGTERM: answers close their connections, /readyz says 503.
         self.closing = False
+        #: Whether startup moves every object alive by then out of the cyclic
+        #: collector's sight (``gc.freeze``): set for the router process.
+        self.freeze_gc = False
         #: The loop the router serves on (set at startup).
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -194,6 +198,11 @@ class Router:
             " (degraded: Redis unreachable)" if self.health.degraded else "",
         )
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name="replica-view"))
+        if self.freeze_gc:
+            # Everything alive now (modules, classes, the clients) lives as long as
+            # the process: out of the collector's sight, a full collection no longer
+            # walks ~120,000 objects (over 100 ms, a pause every request waits out).
+            gc.freeze()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -623,6 +632,7 @@ def router_server(config: RouterConfig) -> ClosingServer:
     from mcpfleet.router.http import bounded_protocol
 
     router = Router(config)
+    router.freeze_gc = True
     uv_config = uvicorn.Config(
         router,
         host=config.host,
