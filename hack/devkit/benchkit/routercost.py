@@ -220,6 +220,7 @@ def router_cost_rows(
     nginx: str | None,
     quick: bool,
     extra: Sequence[tuple[str, str, int]] = (),
+    slices: int | None = None,
 ) -> list[Row]:
     """``make bench``'s hook: the rows above for ``lf``'s first router (and ``extra``
     routers as (name, url, pid)), beside ``nginx`` (a URL) if it runs."""
@@ -247,6 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", help="an earlier commit whose router runs beside this one")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--slices", type=int, help="alternating slices (default 6; 2 with --quick)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-routercost-"))
     lf = LocalFleet(work / "fleet", replicas=3, fleet="routercost")
@@ -262,7 +264,7 @@ def main() -> None:
             assert ref.popen is not None
             extra.append((f"router@{args.ref}", ref_url, ref.popen.pid))
         nginx_url = f"http://127.0.0.1:{nginx[1]}/mcp" if nginx else None
-        print(render(router_cost_rows(lf, nginx_url, args.quick, extra)))
+        print(render(router_cost_rows(lf, nginx_url, args.quick, extra, args.slices)))
     finally:
         if ref is not None:
             ref.stop()
