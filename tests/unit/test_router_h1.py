@@ -237,3 +237,23 @@ async def test_cancelling_the_wait_for_headers_closes_the_connection() -> None:
         with pytest.raises(asyncio.CancelledError):
             await waiting
         await asyncio.wait_for(left.wait(), 5)
+
+
+async def test_a_repeated_response_header_reads_as_its_first_value() -> None:
+    twice = b"HTTP/1.1 200 OK\r\nx-a: one\r\nX-A: two\r\ncontent-length: 0\r\n\r\n"
+    async with serving(answering(twice)) as (_, address):
+        pool = Pool(2.0, 5.0)
+        resp = await pool.request(address, b"POST", b"/mcp", b"", b"{}")
+        assert resp.headers.get("X-A") == "one"
+        assert [k for k, _ in resp.raw_headers] == [b"x-a", b"X-A", b"content-length"]
+        resp.close()
+
+
+async def test_the_sweep_closes_old_idle_connections_and_forgets_their_address() -> None:
+    async with serving(answering(_ok())) as (_, address):
+        pool = Pool(2.0, idle_seconds=0.0)
+        await _post(pool, address)
+        assert pool._idle[address]
+        pool._sweep()
+        assert address not in pool._idle and address not in pool._hosts
+        pool.close()

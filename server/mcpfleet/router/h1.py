@@ -60,8 +60,8 @@ class Broken(Exception):
 
 
 class Headers(dict[str, str]):
-    """Response headers by lower-case name (the last value of a repeated one);
-    :meth:`get` takes any case."""
+    """Response headers by lower-case name (the first value of a repeated one, as
+    aiohttp's ``get`` gave it); :meth:`get` takes any case."""
 
     def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
         return super().get(key.lower(), default)
@@ -246,7 +246,8 @@ class Response:
         self.status = conn.status
         self.raw_headers = conn.raw_headers
         self.headers = Headers(
-            (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in conn.raw_headers
+            (k.decode("latin-1").lower(), v.decode("latin-1"))
+            for k, v in reversed(conn.raw_headers)
         )
         length = self.headers.get("content-length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
@@ -322,12 +323,16 @@ class Pool:
 
     def _sweep(self) -> None:
         now = time.monotonic()
-        for conns in self._idle.values():
+        for address, conns in list(self._idle.items()):
             keep = [c for c in conns if not c.lost and now - c.idle_since < self.idle_seconds]
             for c in conns:
                 if c not in keep:
                     c._close()
-            conns[:] = keep
+            if keep:
+                conns[:] = keep
+            else:  # replicas come and go (new addresses): the tables do not grow
+                del self._idle[address]
+                self._hosts.pop(address, None)
         if not self._closed:
             self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
