@@ -363,6 +363,11 @@ async def measure(quick: bool, results: Figures, scale_only: bool = False) -> li
         results.hot = hot
         rows += hot.rows()
         rows += await asyncio.to_thread(router_cpu_rows, lf, quick)
+        from benchkit.routercost import router_cost_rows  # issue 26's router targets
+
+        rows += await asyncio.to_thread(
+            router_cost_rows, lf, proxies.get("nginx (round robin)"), quick
+        )
         shares = await spread(lf.url, 90)
         rows.append(
             (

@@ -12,6 +12,10 @@ Header bytes are counted as they arrive, before the parser sees them: past
 ``max_header_bytes`` (plus :data:`HEADER_FRAMING_ALLOWANCE` for the request
 line and framing) the router answers a JSON-RPC ``431`` and closes, having
 read no more (the exact per-header sum is checked again in admission).
+Each response's status line and headers go out in one write with the start of
+its body when the body follows in the same event-loop turn (a whole answer:
+every modern round), else at the end of that turn (:class:`_CoalescedWrites`):
+one system call per answer instead of two.
 A connection past ``max_connections`` is answered at once with a JSON-RPC
 ``503`` (``Retry-After: 1``) and closed, before anything is read from it.
 (uvicorn's own ``limit_concurrency`` answers plain text, and only once a
@@ -21,13 +25,17 @@ nothing bounds a response: streams live as long as they need.
 
 uvicorn accepts any protocol class as ``http=``; this one subclasses its
 ``HttpToolsProtocol`` and overrides only connection and parser callbacks,
-each calling the original first or last. ``tests/fleet/test_router_hardening``
-proves it against the installed uvicorn.
+each calling the original first or last (``on_headers_complete`` also puts
+:data:`WATCH_DISCONNECT` in the scope and hands the new response cycle the
+coalescing writer in place of the transport).
+``tests/fleet/test_router_hardening`` proves it against the installed uvicorn.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -35,6 +43,11 @@ from mcpfleet.contract import ROUTER_ERROR_HEADER
 from mcpfleet.httpio import ErrorCode, jsonrpc_error, raw_response
 
 _MARK = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
+
+#: The key, in a request scope's ``extensions``, of a function that sets (or, given
+#: None, clears) the one callback to run when the client's connection closes: a
+#: waiter learns that its client left without a task reading ``http.disconnect``.
+WATCH_DISCONNECT = "mcpfleet.watch_disconnect"
 
 
 def _answer(status: int, message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> bytes:
@@ -58,6 +71,50 @@ HEADER_FRAMING_ALLOWANCE = 8 * 1024
 REFUSAL_LINGER = 0.5
 
 
+class _CoalescedWrites:
+    """A connection's transport as its response cycles see it: a write that starts a
+    response (``HTTP/``, uvicorn's status line and headers) is held until the next
+    write, which carries it along, or until the end of the event-loop turn.
+
+    uvicorn writes a response's head at ``http.response.start`` and its body at
+    each ``http.response.body``: two system calls for every answer (on loopback
+    each also runs the receiver's TCP work). Held for at most one turn, a head
+    is never late; everything else passes through to the transport.
+    """
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif data[:5] == b"HTTP/":
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _BoundedHeaders(HttpToolsProtocol):
     header_timeout: float = 10.0
     max_connections: int | None = None
@@ -70,9 +127,13 @@ class _BoundedHeaders(HttpToolsProtocol):
     _counting = True
     _tail = b""
     _refused = False
+    _writes: _CoalescedWrites | None = None
+    _lost = False
+    _on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._writes = _CoalescedWrites(transport, self.loop)
         # ``connections`` is the server's set of open connections, this one included.
         if self.max_connections is not None and len(self.connections) > self.max_connections:
             transport.write(_BUSY_RESPONSE)
@@ -123,11 +184,28 @@ class _BoundedHeaders(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+        extensions[WATCH_DISCONNECT] = self.watch_disconnect
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport and self._writes is not None:
+            cycle.transport = self._writes  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._lost = True
         super().connection_lost(exc)
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
+
+    def watch_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """Run ``callback`` when the connection closes (at once, soon, if it has);
+        None clears it. One at a time: a connection runs one request at a time."""
+        if callback is not None and self._lost:
+            self.loop.call_soon(callback)
+            return
+        self._on_lost = callback
 
     def _arm(self) -> None:
         if self._header_timer is None:

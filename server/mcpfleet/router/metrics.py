@@ -6,6 +6,8 @@ fleet's pods). Never a session id, a user or a key.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -67,6 +69,11 @@ class RouterMetrics:
             registry=r,
         )
 
+        #: Labelled children of the per-request metrics, by label values (bounded:
+        #: route kinds x outcomes).
+        self._requests: dict[tuple[str, str], Any] = {}
+        self._latency: dict[str, Any] = {}
+
         self.cancelled = Counter(
             "mcpfleet_router_cancelled_total",
             "Requests whose client went away before the answer was complete, cancelled on "
@@ -75,6 +82,21 @@ class RouterMetrics:
             ["route"],
             registry=r,
         )
+
+    def request_done(self, route: str, outcome: str) -> None:
+        """Count one request: its labelled child looked up once, then kept (a
+        ``labels()`` call costs a lock and a tuple key per request)."""
+        key = (route, outcome)
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self.requests.labels(route, outcome)
+        child.inc()
+
+    def observe_latency(self, route: str, seconds: float) -> None:
+        child = self._latency.get(route)
+        if child is None:
+            child = self._latency[route] = self.latency.labels(route)
+        child.observe(seconds)
 
     def observe_view(self, states: dict[str, str], sessions: dict[str, int]) -> None:
         self.replicas.labels("serving").set(sum(1 for s in states.values() if s == "serving"))

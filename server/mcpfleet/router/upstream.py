@@ -15,7 +15,6 @@ import enum
 import logging
 from urllib.parse import urlsplit
 
-import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 
 from mcpfleet.contract import (
@@ -24,6 +23,7 @@ from mcpfleet.contract import (
     ROUTER_ERROR_HEADER,
     SESSION_ENDED_HEADER,
 )
+from mcpfleet.router.h1 import Broken, ConnectFailed, Pool, Response
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -105,7 +105,26 @@ def forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return out
 
 
-def response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tuple[bytes, bytes]]:
+_DROP_RAW = frozenset(n.encode() for n in HOP_BY_HOP | _CLIENT_MAY_NOT_SET | {"content-length"})
+
+
+def forward_header_block(raw: list[tuple[bytes, bytes]], client: str | None) -> bytes:
+    """The client's request headers as the replica should see them, as an HTTP/1.1
+    header block (``name: value\\r\\n`` lines, names lower-cased) without ``Host``
+    and ``Content-Length`` (the upstream client sets both), with ``X-Forwarded-For``
+    naming ``client``. The same headers as :func:`forward_headers`, without decoding."""
+    drop = _DROP_RAW
+    for k, v in raw:
+        if k.lower() == b"connection":
+            listed = {t.strip().lower() for t in v.split(b",")}
+            drop = drop | listed
+    lines = [b"%s: %s\r\n" % (k.lower(), v) for k, v in raw if k.lower() not in drop]
+    if client:
+        lines.append(b"x-forwarded-for: %s\r\n" % client.encode("latin-1"))
+    return b"".join(lines)
+
+
+def response_headers(resp: Response, replica_base: str) -> list[tuple[bytes, bytes]]:
     """The replica's response headers as the client should see them.
 
     Hop-by-hop headers are dropped, and so are ``date``/``server`` (the router
@@ -114,7 +133,7 @@ def response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tu
     it comes back through the router instead of going around it.
     """
     drop = HOP_BY_HOP | _REPLACED_BY_ROUTER | _INTERNAL
-    drop |= {t.strip().lower() for t in resp.headers.get("connection", "").split(",")}
+    drop |= {t.strip().lower() for t in (resp.headers.get("connection") or "").split(",")}
     out = []
     for k, v in resp.raw_headers:
         name = k.decode("latin-1").lower()
@@ -126,7 +145,7 @@ def response_headers(resp: aiohttp.ClientResponse, replica_base: str) -> list[tu
     return out
 
 
-def session_ended(resp: aiohttp.ClientResponse) -> bool:
+def session_ended(resp: Response) -> bool:
     """True if the replica answered that the request's session does not exist there.
 
     Only a replica's own mark counts: a 404 without it may be the answer to a
@@ -150,30 +169,17 @@ class Upstream:
 
     def __init__(self, connect_timeout: float) -> None:
         self.connect_timeout = connect_timeout
-        self.http: aiohttp.ClientSession | None = None
-
-    async def start(self) -> None:
         # Idle upstream connections are dropped well before a replica would close
         # them: a request never races a closing connection.
-        connector = aiohttp.TCPConnector(
-            limit=2000, limit_per_host=0, keepalive_timeout=UPSTREAM_IDLE_SECONDS
-        )
-        self.http = aiohttp.ClientSession(
-            connector=connector,
-            # Only connecting is bounded: streams may stay open for as long as they live.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-        )
+        self.pool = Pool(connect_timeout, UPSTREAM_IDLE_SECONDS)
+
+    async def start(self) -> None:
+        self.pool.start()
 
     async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
+        self.pool.close()
 
-    async def open(
-        self, scope: Scope, name: str, address: str, body: bytes
-    ) -> aiohttp.ClientResponse | Failure:
+    async def open(self, scope: Scope, name: str, address: str, body: bytes) -> Response | Failure:
         """Send the client's request to replica ``name`` at ``address``.
 
         Returns once the response headers arrived, or the :class:`Failure`
@@ -181,53 +187,42 @@ class Upstream:
         Raises :class:`Dropped` when it failed once the request may have been
         written: then it is never sent again, to this replica or another.
         """
-        url = address + scope["raw_path"].decode("latin-1")
+        target: bytes = scope["raw_path"]
         if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
-        headers = forward_headers(scope["headers"])
+            target += b"?" + scope["query_string"]
         client = scope.get("client")
-        if client:
-            headers.append(("x-forwarded-for", client[0]))
+        headers = forward_header_block(scope["headers"], client[0] if client else None)
         try:
-            return await self._send(scope["method"], url, headers, body)
+            return await self.pool.request(
+                address, scope["method"].encode("latin-1"), target, headers, body
+            )
         except TimeoutError:
             log.warning(
                 "replica %s did not accept a connection within %.1fs", name, self.connect_timeout
             )
             return Failure.TIMEOUT
-        except aiohttp.ClientConnectorError as exc:
-            log.info("replica %s refused the connection: %s", name, exc.os_error)
+        except ConnectFailed as exc:
+            log.info("replica %s refused the connection at %s: %s", name, address, exc.os_error)
             return Failure.REFUSED
-        except aiohttp.ClientError as exc:
-            log.warning("replica %s failed before answering: %s: %s", name, type(exc).__name__, exc)
-            raise Dropped(f"Replica {name} dropped the connection: {type(exc).__name__}") from exc
-
-    async def _send(
-        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes
-    ) -> aiohttp.ClientResponse:
-        assert self.http is not None
-        return await self.http.request(
-            method, url, headers=headers, data=body or None, allow_redirects=False
-        )
+        except Broken as exc:
+            log.warning("replica %s failed before answering: %s", name, exc)
+            raise Dropped(f"Replica {name} dropped the connection: {exc}") from exc
 
     async def notify(self, scope: Scope, address: str, body: bytes) -> None:
         """POST a notification (``body``) to the replica at ``address``, on the same
         path and with the client's own headers as the request ``scope``; the
         answer (202) is read and dropped. Bounded by the connect timeout plus one
         second; a failure is logged only."""
-        assert self.http is not None
-        url = address + scope["raw_path"].decode("latin-1")
-        headers = [
-            (k, v)
-            for k, v in forward_headers(scope["headers"])
-            if k not in ("content-length", "content-type")
-        ]
-        headers.append(("content-type", "application/json"))
+        raw = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+        headers = forward_header_block(raw, None) + b"content-type: application/json\r\n"
         try:
             async with asyncio.timeout(self.connect_timeout + 1.0):
-                async with self.http.post(url, headers=headers, data=body) as resp:
+                resp = await self.pool.request(address, b"POST", scope["raw_path"], headers, body)
+                try:
                     await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+                finally:
+                    resp.release()
+        except (ConnectFailed, Broken, TimeoutError) as exc:
             log.info("cancellation not delivered to %s: %s", address, type(exc).__name__)
 
     async def accepts(self, address: str) -> bool:
@@ -245,7 +240,7 @@ class Upstream:
         return True
 
     async def relay(
-        self, upstream: aiohttp.ClientResponse, address: str, receive: Receive, send: Send
+        self, upstream: Response, address: str, receive: Receive, send: Send
     ) -> int | Failure:
         """Relay the opened response to the client, then release or close it.
 
@@ -278,15 +273,17 @@ class Upstream:
                 upstream.close()  # tear the upstream request down
 
     @staticmethod
-    async def decline(upstream: aiohttp.ClientResponse) -> None:
+    async def decline(upstream: Response) -> None:
         """Finish a response the router does not relay (a draining replica's 503)."""
         try:
             await upstream.read()
+        except Broken:
+            upstream.close()
         finally:
             upstream.release()
 
 
-async def _relay_whole(upstream: aiohttp.ClientResponse, send: Send) -> Failure | None:
+async def _relay_whole(upstream: Response, send: Send) -> Failure | None:
     """Relay a body of known, bounded length in one message.
 
     The replica finished its work before it could state the length, so there is
@@ -296,22 +293,22 @@ async def _relay_whole(upstream: aiohttp.ClientResponse, send: Send) -> Failure 
     """
     try:
         body = await upstream.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.info("upstream body broke off: %s", type(exc).__name__)
+    except Broken as exc:
+        log.info("upstream body broke off: %s", exc)
         return Failure.UPSTREAM_BROKE
     await send({"type": "http.response.body", "body": body, "more_body": False})
     return None
 
 
-async def _pump(upstream: aiohttp.ClientResponse, receive: Receive, send: Send) -> Failure | None:
+async def _pump(upstream: Response, receive: Receive, send: Send) -> Failure | None:
     """Copy the upstream body to the client chunk by chunk until either side ends."""
 
     async def copy() -> bool:
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.iter_chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("upstream stream broke off: %s", type(exc).__name__)
+        except Broken as exc:
+            log.info("upstream stream broke off: %s", exc)
             return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
