@@ -49,7 +49,7 @@ from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import version_error, within
 from mcpfleet.registry import Publisher, connect, redact_url
-from mcpfleet.replica.appload import install_codec, load_app
+from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
@@ -75,6 +75,8 @@ class Replica:
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
         self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
         self.mcp_app = load_app(config.app)
+        if quiet_telemetry():
+            log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
