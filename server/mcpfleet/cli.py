@@ -202,6 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of Redis maxmemory past which new once-flows are refused; 0: no check"
         f" (default {rep.once_memory_limit})",
     )
+    s.add_argument(
+        "--response-mode",
+        choices=("auto", "sse"),
+        default=rep.response_mode,
+        help="modern rounds: auto (JSON unless the request asked for progress or logs)"
+        f" or sse (every round in SSE mode) (default {rep.response_mode})",
+    )
 
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host, help="address to listen on")
@@ -479,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         redis_deadline=args.redis_deadline,
                         redis_failover_wait=args.redis_failover_wait,
                         once_memory_limit=args.once_memory_limit,
+                        response_mode=args.response_mode,
                     )
                 )
             except KeyRingError as exc:
