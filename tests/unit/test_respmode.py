@@ -166,3 +166,57 @@ async def test_an_answered_request_is_not_cancelled_by_the_end_of_its_response()
 
     await _cancelled_on_disconnect(quick, {"type": "http"}, replay, client_receive, send)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+
+async def test_a_json_mode_round_of_a_real_app_is_cancelled_when_its_client_leaves() -> None:
+    """Through FastMCP's and mcp's JSON mode: the tool sees the cancellation, nothing is
+    answered, and the request ends quietly (uvicorn would log anything it raised)."""
+    app = FastMCP("respmode-cancel")
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @app.tool
+    async def wait() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "waited"
+
+    sse, json_app = app.http_app(path="/mcp"), app.http_app(path="/mcp", json_response=True)
+    modes = ResponseModes(sse, json_app, "/mcp")
+    params = {"name": "wait", "arguments": {}, "_meta": MODERN_META}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    headers = {**HEADERS, "mcp-name": "wait", "host": "127.0.0.1"}
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/mcp",
+        "raw_path": b"/mcp",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    messages: list[Message] = [{"type": "http.request", "body": body.encode()}]
+
+    async def receive() -> Message:
+        if messages:
+            return messages.pop(0)
+        await started.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async with sse.router.lifespan_context(sse), json_app.router.lifespan_context(json_app):
+        await asyncio.wait_for(modes(scope, receive, send), 5)
+    assert cancelled.is_set()
+    assert sent == []
