@@ -38,7 +38,10 @@ enforces them here:
   Sentinel failover longer than its wait) fails the round closed with a
   retryable JSON-RPC error (:class:`FlowUnavailable`): ``finish`` never runs
   unclaimed. A claim that may have landed anyway is released in the
-  background once Redis answers again;
+  background once Redis answers again. The claim and its confirmation ride
+  through a Sentinel failover; a claim the failover lost (written to the old
+  master, never replicated) is found gone at the confirmation and claimed
+  again while the round's wait lasts;
 * a Redis near its ``maxmemory`` (the share :data:`DEFAULT_MEMORY_LIMIT`)
   refuses new once-flows with the retryable "ledger is full" error rather
   than filling the memory heartbeats and routes need.
@@ -58,7 +61,7 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Final, Literal, Protocol
 
@@ -247,6 +250,9 @@ class Confirmed(StrEnum):
     LOST = "lost"
     #: This round's, but confirmed later than its deadline: deleted, nothing runs.
     LATE = "late"
+    #: Not there at all (its lease ran out, or a failover lost an unreplicated write):
+    #: nobody holds the flow, so the round may claim it again.
+    GONE = "gone"
 
 
 class Ledger(Protocol):
@@ -258,7 +264,8 @@ class Ledger(Protocol):
 
     async def confirm(self, flow: str, mine: Record, lifetime: float, replied: float) -> Confirmed:
         """Mark ``mine`` finishing and make it live ``lifetime`` seconds, if it is still mine
-        and this is in time (``replied``: when the claim's reply came, time.monotonic)."""
+        and this is in time (``replied``: when the claim's reply came, time.monotonic);
+        :attr:`Confirmed.GONE` when nothing holds the flow any more."""
         ...
 
     async def store(self, flow: str, record: Record, lifetime: float) -> None:
@@ -266,7 +273,8 @@ class Ledger(Protocol):
         ...
 
     async def release(self, flow: str, mine: Record) -> bool:
-        """Delete the claim if it is still exactly ``mine`` (never confirmed); True if deleted."""
+        """Delete the claim if it is still exactly ``mine``, as claimed or as confirmed (only a
+        round that did not run ``finish`` releases); True if deleted."""
         ...
 
     async def get(self, flow: str) -> Record | None: ...
@@ -319,9 +327,12 @@ class MemoryLedger:
         return None
 
     async def confirm(self, flow: str, mine: Record, lifetime: float, replied: float) -> Confirmed:
-        if self._live(flow) != mine:
+        held, confirmed = self._live(flow), replace(mine, finishing=True)
+        if held is None:
+            return Confirmed.GONE
+        if held not in (mine, confirmed):
             return Confirmed.LOST
-        self._entries[flow] = (self._clock() + lifetime, replace(mine, finishing=True))
+        self._entries[flow] = (self._clock() + lifetime, confirmed)
         return Confirmed.YES
 
     async def store(self, flow: str, record: Record, lifetime: float) -> None:
@@ -329,7 +340,7 @@ class MemoryLedger:
             self._entries[flow] = (self._clock() + lifetime, record)
 
     async def release(self, flow: str, mine: Record) -> bool:
-        if self._live(flow) == mine:
+        if self._live(flow) in (mine, replace(mine, finishing=True)):
             del self._entries[flow]
             return True
         return False
@@ -342,10 +353,14 @@ class MemoryLedger:
 
 
 #: KEYS[1] the flow; ARGV: the claim as written, the confirmed record, its lifetime
-#: (ms), the least lease (ms) an in-time confirmation still finds. 1 confirmed,
-#: 0 not ours, -1 ours but late (deleted).
+#: (ms), the least lease (ms) an in-time confirmation still finds. 1 confirmed (also
+#: when an earlier try of this confirmation landed and its reply was lost), 0 not
+#: ours, -1 ours but late (deleted), -2 not there.
 _CONFIRM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local held = redis.call('GET', KEYS[1])
+if not held then return -2 end
+if held == ARGV[2] then return 1 end
+if held ~= ARGV[1] then return 0 end
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[4]) then
   redis.call('DEL', KEYS[1])
   return -1
@@ -353,18 +368,22 @@ end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """
-#: KEYS[1] the flow; ARGV[1] the claim as written: deleted if still exactly that.
+#: KEYS[1] the flow; ARGV the claim as written and as confirmed: deleted if still
+#: exactly either (only a round that did not run ``finish`` releases).
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] or held == ARGV[2] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+_CONFIRMED: Final = {1: Confirmed.YES, -1: Confirmed.LATE, -2: Confirmed.GONE}
 
 
 class RedisLedger:
     """The fleet's ledger in its Redis, under :meth:`RedisKeys.once`.
 
-    Every call has a deadline (``deadline``, seconds); the claim rides through
-    a Sentinel failover for up to ``failover_wait`` seconds
+    Every call has a deadline (``deadline``, seconds); the claim and its
+    confirmation ride through a Sentinel failover for up to ``failover_wait`` seconds
     (:func:`mcpfleet.redisconn.ride_through`). Commands: SET (NX GET PX / XX
     PX), GET, EVAL (confirm, release), and INFO (memory, in the background).
     """
@@ -405,10 +424,13 @@ class RedisLedger:
             what = str(exc) or f"no answer within {self.deadline:g}s"
             raise LedgerUnavailable(f"Redis: {type(exc).__name__}: {what}") from None
 
-    def _check_memory(self) -> None:
-        """Ask Redis how full it is, now and then, off the request's path."""
+    def _check_memory(self, *, always: bool = False) -> None:
+        """Ask Redis how full it is, now and then, off the request's path (with no limit,
+        only when ``always``: the watcher reports the share whatever the limit)."""
         now = time.monotonic()
-        if self.memory_limit <= 0 or now - self._memory_checked < MEMORY_CHECK_INTERVAL:
+        if self.memory_limit <= 0 and not always:
+            return
+        if now - self._memory_checked < MEMORY_CHECK_INTERVAL:
             return
         if self._memory_task is not None and not self._memory_task.done():
             return
@@ -441,7 +463,7 @@ class RedisLedger:
         """Read Redis's memory every ``interval`` seconds until cancelled; report the share."""
         while True:
             self._memory_checked = 0.0
-            self._check_memory()
+            self._check_memory(always=True)
             if self._memory_task is not None:
                 await asyncio.gather(self._memory_task, return_exceptions=True)
             observe(self.memory_share)
@@ -461,16 +483,22 @@ class RedisLedger:
         return None if held is None else Record.from_json(held)
 
     async def confirm(self, flow: str, mine: Record, lifetime: float, replied: float) -> Confirmed:
-        # Confirmed in time means: applied before this call's deadline. Applied later,
+        # Confirmed in time means: applied before this try's deadline. Applied later,
         # the lease left is below what it was at the claim's reply minus the time
         # since plus the deadline: Redis's own TTL is the clock, none is compared.
-        least = CLAIM_LEASE - (time.monotonic() - replied) - self.deadline
-        if least <= 0:
-            return Confirmed.LATE
-        args = (mine.to_json(), replace(mine, finishing=True).to_json(), _ms(lifetime), _ms(least))
+        # Each try (riding through a failover) is checked against its own send.
         key = self.keys.once(flow)
-        said = await self._call(lambda: self.client.eval(_CONFIRM, 1, key, *args))
-        return {1: Confirmed.YES, -1: Confirmed.LATE}.get(int(said), Confirmed.LOST)
+        claimed, confirmed = mine.to_json(), replace(mine, finishing=True).to_json()
+
+        async def step() -> Any:
+            least = CLAIM_LEASE - (time.monotonic() - replied) - self.deadline
+            if least <= 0:
+                return -1  # too late to send: nothing sent, the caller releases
+            args = (claimed, confirmed, _ms(lifetime), _ms(least))
+            return await self.client.eval(_CONFIRM, 1, key, *args)
+
+        said = await self._call(step, ride=True)
+        return _CONFIRMED.get(int(said), Confirmed.LOST)
 
     async def store(self, flow: str, record: Record, lifetime: float) -> None:
         key, value = self.keys.once(flow), record.to_json()
@@ -478,7 +506,8 @@ class RedisLedger:
 
     async def release(self, flow: str, mine: Record) -> bool:
         key, value = self.keys.once(flow), mine.to_json()
-        return bool(await self._call(lambda: self.client.eval(_RELEASE, 1, key, value)))
+        confirmed = replace(mine, finishing=True).to_json()
+        return bool(await self._call(lambda: self.client.eval(_RELEASE, 1, key, value, confirmed)))
 
     async def get(self, flow: str) -> Record | None:
         key = self.keys.once(flow)
@@ -557,6 +586,18 @@ class _Binding:
     result_limit: int
     wait: float
     boot: str = ""
+    #: Claims to take back (by claim token), and the one task that does it for all.
+    releases: dict[str, _Release] = field(default_factory=dict)
+    releaser: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Release:
+    flow: str
+    mine: Record
+    give_up: float
+    #: Since when Redis has answered without the claim being there.
+    answered_since: float | None = None
 
 
 _ATTR = "_mcpfleet_once_ledger"
@@ -723,32 +764,40 @@ async def run_once(
         except LedgerUnavailable as exc:
             log.warning("once: flow not claimed, the ledger is unavailable: %s", exc)
             # The claim may land once Redis answers again: take it back then.
-            _background(_release(b, flow, mine))
+            _release_later(b, flow, mine)
             seen(OnceOutcome.UNAVAILABLE)
             raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE) from None
         if held is None or held.claim == mine.claim:
-            break
+            replied = time.monotonic()
+            lifetime = claim_lifetime(b.token_ttl, end, time.time())
+            try:
+                said = await b.ledger.confirm(flow, mine, lifetime, replied)
+            except LedgerUnavailable as exc:
+                log.warning("once: claim not confirmed, the ledger is unavailable: %s", exc)
+                _release_later(b, flow, mine)
+                seen(OnceOutcome.UNAVAILABLE)
+                raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE) from None
+            if said is Confirmed.YES:
+                break
+            if said is Confirmed.LOST:
+                log.warning("once: claim not confirmed (another round holds it): nothing run")
+                seen(OnceOutcome.PENDING)
+                raise FlowUnavailable(_PENDING, OnceOutcome.PENDING)
+            # Late, or gone (a failover lost the claim): nothing ran. A late claim is
+            # taken back; the flow is claimed afresh while the round's wait lasts.
+            if said is Confirmed.LATE:
+                _release_later(b, flow, mine)
+            if time.monotonic() >= deadline:
+                log.warning("once: claim not confirmed (%s): nothing run", said.value)
+                seen(OnceOutcome.UNAVAILABLE)
+                raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE)
+            log.info("once: claim %s before its confirmation: claiming again", said.value)
+            continue
         # Another round holds the flow: its result, or a wait for it, or a free claim.
         record = await _await_other(b, flow, held, deadline)
         if record is not None:
             return await _answer_replay(b, record, seen, convert)
         # The other claim expired or was released: claim again (bounded by the wait).
-
-    replied = time.monotonic()
-    lifetime = claim_lifetime(b.token_ttl, end, time.time())
-    try:
-        said = await b.ledger.confirm(flow, mine, lifetime, replied)
-    except LedgerUnavailable as exc:
-        log.warning("once: claim not confirmed, the ledger is unavailable: %s", exc)
-        _background(_release(b, flow, mine))
-        seen(OnceOutcome.UNAVAILABLE)
-        raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE) from None
-    if said is not Confirmed.YES:
-        log.warning("once: claim not confirmed (%s): nothing run", said.value)
-        seen(OnceOutcome.PENDING if said is Confirmed.LOST else OnceOutcome.UNAVAILABLE)
-        if said is Confirmed.LOST:
-            raise FlowUnavailable(_PENDING, OnceOutcome.PENDING)
-        raise FlowUnavailable(_UNAVAILABLE, OnceOutcome.UNAVAILABLE)
 
     seen(OnceOutcome.CLAIMED)
     try:
@@ -777,10 +826,11 @@ async def run_once(
 _STORING: set[asyncio.Task[None]] = set()
 
 
-def _background(coro: Awaitable[None]) -> None:
+def _background(coro: Awaitable[None]) -> asyncio.Task[None]:
     task = asyncio.ensure_future(coro)
     _STORING.add(task)
     task.add_done_callback(_STORING.discard)
+    return task
 
 
 def _keep(b: _Binding, flow: str, record: Record, lifetime: float) -> None:
@@ -813,28 +863,45 @@ def _keep(b: _Binding, flow: str, record: Record, lifetime: float) -> None:
 RELEASE_FOR: Final = 120.0
 
 
-async def _release(b: _Binding, flow: str, mine: Record) -> None:
-    """Take back a claim this round may have made without knowing (Redis stalled).
+def _release_later(b: _Binding, flow: str, mine: Record) -> None:
+    """Take back, in the background, a claim this round may have made without knowing.
 
     A command sent to a stalled Redis runs when it resumes: the claim lands
-    after its round already answered "unavailable". Tried until it deleted
-    the claim, or Redis has answered for a second without it being there
-    (a late command runs as Redis resumes), or :data:`RELEASE_FOR` passed; the
-    lease bounds the rest.
+    after its round already answered "unavailable". One task per ledger binding
+    releases every such claim, one command at a time: an outage that failed a
+    thousand rounds leaves a thousand claims to release, never a thousand tasks
+    polling Redis (and taking the pool's connections from the request path) the
+    moment it answers again.
     """
-    give_up = time.monotonic() + RELEASE_FOR
-    answered_since: float | None = None
-    while time.monotonic() < give_up:
-        try:
-            if await b.ledger.release(flow, mine):
-                log.info("once: a claim that did not lead to finish was released")
-                return
+    b.releases[mine.claim] = _Release(flow, mine, time.monotonic() + RELEASE_FOR)
+    if b.releaser is None or b.releaser.done():
+        b.releaser = _background(_releaser(b))
+
+
+async def _releaser(b: _Binding) -> None:
+    """Release each pending claim until it is deleted, or Redis has answered for a second
+    without it being there (a late command runs as Redis resumes), or
+    :data:`RELEASE_FOR` passed; the lease bounds the rest. Redis not answering
+    pauses the round (every pending claim waits for the next)."""
+    while b.releases:
+        for token, item in list(b.releases.items()):
             now = time.monotonic()
-            answered_since = answered_since or now
-            if now - answered_since >= 1.0:
-                return
-        except LedgerUnavailable:
-            answered_since = None
+            if now >= item.give_up:
+                del b.releases[token]
+                continue
+            try:
+                if await b.ledger.release(item.flow, item.mine):
+                    log.info("once: a claim that did not lead to finish was released")
+                    del b.releases[token]
+                    continue
+            except LedgerUnavailable:
+                for pending in b.releases.values():
+                    pending.answered_since = None
+                break
+            now = time.monotonic()
+            item.answered_since = item.answered_since or now
+            if now - item.answered_since >= 1.0:
+                del b.releases[token]
         await asyncio.sleep(0.25)
 
 

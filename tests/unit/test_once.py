@@ -13,6 +13,7 @@ from fastmcp.tools.base import ToolResult
 from mcpfleet.contract import RedisKeys
 from mcpfleet.once import (
     ONCE_META_KEY,
+    Confirmed,
     FlowUnavailable,
     LedgerUnavailable,
     MemoryLedger,
@@ -250,13 +251,20 @@ class RetriedReply:
 
     async def eval(self, script: str, numkeys: int, key: str, *args: Any) -> int:
         """The confirm and release scripts, as Redis runs them (the lease is never short)."""
-        if self.data.get(key) != args[0]:
-            return 0
+        held = self.data.get(key)
         if "PTTL" in script:
+            if held is None:
+                return -2
+            if held == args[1]:
+                return 1
+            if held != args[0]:
+                return 0
             self.data[key] = args[1]
             return 1
-        del self.data[key]
-        return 1
+        if held in (args[0], args[1]):
+            del self.data[key]
+            return 1
+        return 0
 
 
 async def test_a_claim_sent_again_after_a_lost_reply_is_still_the_claim() -> None:
@@ -360,3 +368,151 @@ async def test_a_full_redis_refuses_new_once_flows_with_the_retryable_error() ->
         await run_once(app, new_flow_id(), counting([]), convert)
     assert err.value.reason is OnceOutcome.FULL and "full" in str(err.value)
     assert seen == [OnceOutcome.FULL]
+
+
+async def test_a_claim_a_failover_lost_before_its_confirmation_is_claimed_again() -> None:
+    """The claim landed on a master that died before replicating it: the new master
+    has no record, the confirmation finds it gone, and the round claims afresh."""
+
+    class FailoverLedger(MemoryLedger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lost = 0
+
+        async def confirm(
+            self, flow: str, mine: Record, lifetime: float, replied: float
+        ) -> Confirmed:
+            if not self.lost:
+                self.lost += 1
+                del self._entries[flow]  # the promoted replica never had it
+            return await super().confirm(flow, mine, lifetime, replied)
+
+    ledger = FailoverLedger()
+    app, seen = app_with(ledger)
+    runs: list[int] = []
+    flow = new_flow_id()
+    await run_once(app, flow, counting(runs), convert)
+    assert ledger.lost == 1 and runs == [1] and seen == [OnceOutcome.CLAIMED]
+    await settle()
+    assert (await ledger.get(flow)).state == "done"  # type: ignore[union-attr]
+
+
+async def test_a_confirmation_sent_again_after_a_lost_reply_is_still_confirmed() -> None:
+    ledger = MemoryLedger()
+    mine = Record("running", "r0", claim="t")
+    await ledger.claim("flow", mine, 5)
+    assert await ledger.confirm("flow", mine, 60, 0.0) is Confirmed.YES
+    assert await ledger.confirm("flow", mine, 60, 0.0) is Confirmed.YES
+    other = Record("running", "r1", claim="u")
+    assert await ledger.confirm("flow", other, 60, 0.0) is Confirmed.LOST
+    assert await ledger.confirm("nothing", mine, 60, 0.0) is Confirmed.GONE
+
+
+async def test_a_confirmation_that_landed_after_its_round_gave_up_is_released() -> None:
+    """The confirmation was applied but its reply never came (the master died after
+    it): the round answers 'unavailable' and runs nothing, so the confirmed claim
+    must not be left to make every resend wait for a finish that never runs."""
+
+    class LostReply(MemoryLedger):
+        async def confirm(
+            self, flow: str, mine: Record, lifetime: float, replied: float
+        ) -> Confirmed:
+            await super().confirm(flow, mine, lifetime, replied)
+            raise LedgerUnavailable("connection reset")
+
+    ledger = LostReply()
+    app, seen = app_with(ledger)
+    flow = new_flow_id()
+    runs: list[int] = []
+    with pytest.raises(FlowUnavailable):
+        await run_once(app, flow, counting(runs), convert)
+    assert runs == [] and seen == [OnceOutcome.UNAVAILABLE]
+    await settle()
+    assert await ledger.get(flow) is None, "the confirmed claim was released"
+
+
+async def test_the_redis_confirmation_is_asked_again_through_a_failover() -> None:
+    """Through Sentinel a refused connection may be a failover: the confirmation is
+    tried again (each try checked against its own send) until the new master answers."""
+
+    class Moving(RetriedReply):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refused = 2
+            self.connection_pool = self  # what redisconn.through_sentinel looks for
+
+        async def get_master_address(self) -> tuple[str, int]:
+            return ("127.0.0.1", 1)
+
+        async def eval(self, script: str, numkeys: int, key: str, *args: Any) -> int:
+            if "PTTL" in script and self.refused:
+                self.refused -= 1
+                from redis.exceptions import ConnectionError as RedisConnectionError
+
+                raise RedisConnectionError("Connection refused")
+            return await super().eval(script, numkeys, key, *args)
+
+    import time
+
+    client = Moving()
+    ledger = RedisLedger(client, RedisKeys("f"), deadline=1.0, failover_wait=5.0)
+    mine = Record("running", "r0", claim="t")
+    client.data[RedisKeys("f").once("flow")] = mine.to_json()
+    assert await ledger.confirm("flow", mine, 600, time.monotonic()) is Confirmed.YES
+    assert client.refused == 0
+
+
+async def test_claims_left_by_an_outage_are_released_by_one_task_one_at_a_time() -> None:
+    """Forty rounds fail during an outage, each leaving a claim that landed: one
+    background task takes them all back, never two release commands at once."""
+
+    class Outage(MemoryLedger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = True
+            self.running = self.most = 0
+
+        async def claim(self, flow: str, record: Record, lease: float) -> Record | None:
+            await super().claim(flow, record, lease)
+            raise LedgerUnavailable("no answer within 2s")
+
+        async def release(self, flow: str, mine: Record) -> bool:
+            if self.down:
+                raise LedgerUnavailable("connection refused")
+            self.running += 1
+            self.most = max(self.most, self.running)
+            await asyncio.sleep(0)
+            self.running -= 1
+            return await super().release(flow, mine)
+
+    ledger = Outage()
+    app, _ = app_with(ledger)
+    flows = [new_flow_id() for _ in range(40)]
+    for flow in flows:
+        with pytest.raises(FlowUnavailable):
+            await run_once(app, flow, counting([]), convert)
+    from mcpfleet.once import _STORING
+
+    assert len(_STORING) == 1, "one release task for every claim left"
+    await asyncio.sleep(0.3)
+    ledger.down = False
+    await settle()
+    assert ledger.most == 1
+    assert [await ledger.get(flow) for flow in flows] == [None] * 40
+
+
+async def test_the_memory_share_is_reported_with_the_limit_off_and_refuses_nothing() -> None:
+    class Half(RetriedReply):
+        async def info(self, section: str) -> dict[str, int]:
+            return {"used_memory": 50, "maxmemory": 100}
+
+    ledger = RedisLedger(Half(), RedisKeys("f"), memory_limit=0)
+    seen: list[float] = []
+    watcher = asyncio.ensure_future(ledger.watch_memory(seen.append, interval=0.01))
+    try:
+        while not seen:
+            await asyncio.sleep(0.01)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    assert seen[0] == 0.5 and not ledger.full

@@ -82,24 +82,36 @@ class SentinelFleet:
 
 
 @contextlib.contextmanager
-def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]:
+def sentinel_redis(
+    workdir: Path, sentinels: int = 3
+) -> Iterator[tuple[RedisServer, RedisServer, Sentinels]]:
+    """A master, its replica (linked) and ``sentinels`` sentinels that know both."""
     master = RedisServer(workdir, "master").start()
     # One admin password for both: the sentinels talk to either with it.
     replica = RedisServer(
         workdir, "replica", replica_of=master, admin_password=master.admin_password
     )
     group = Sentinels(workdir, master, count=sentinels, quorum=sentinels // 2 + 1)
-    setup: SentinelFleet | None = None
     try:
         replica.start()
         wait_for(
-            lambda: _link_up(replica),
+            lambda: link_up(replica),
             timeout=30,
             what="the replica's link to the master",
             retry_on=NOT_YET,
         )
         group.start()
         group.wait_replicas_known(1)
+        yield master, replica, group
+    finally:
+        group.stop()
+        replica.stop()
+        master.stop()
+
+
+@contextlib.contextmanager
+def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]:
+    with sentinel_redis(workdir, sentinels) as (master, replica, group):
         servers = {master.port: master, replica.port: replica}
         lf = redis_fleet(
             workdir / "fleet",
@@ -108,16 +120,12 @@ def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]
             lambda: servers[group.master_port()].admin(),
             FleetOptions(fleet=FLEET, replicas=2, routers=2),
         )
-        setup = SentinelFleet(master, replica, group, lf)
         with lf:
-            yield setup
-    finally:
-        group.stop()
-        replica.stop()
-        master.stop()
+            yield SentinelFleet(master, replica, group, lf)
 
 
-def _link_up(replica: RedisServer) -> bool:
+def link_up(replica: RedisServer) -> bool:
+    """Whether ``replica``'s replication link to its master is up."""
     with contextlib.closing(replica.admin()) as admin:
         return admin.info("replication").get("master_link_status") == "up"
 
@@ -167,7 +175,7 @@ async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> Failov
 
         # Hold replication back, then open sessions through router 0 only.
         setup.master.hold_replication()
-        await _until("the replica to lose its link", lambda: not _link_up(setup.replica), 10)
+        await _until("the replica to lose its link", lambda: not link_up(setup.replica), 10)
         async with httpx.AsyncClient(timeout=10) as http:
             opened: dict[str, str] = {}
             for _ in range(sessions):
@@ -330,7 +338,7 @@ async def graceful_failover(setup: SentinelFleet, sessions: int = 3) -> tuple[in
     keys = RedisKeys(FLEET)
     urls = [lf.router_url(0), lf.router_url(1)]
     setup.master.hold_replication()
-    await _until("the replica to lose its link", lambda: not _link_up(setup.replica), 10)
+    await _until("the replica to lose its link", lambda: not link_up(setup.replica), 10)
     unreplicated = kept = 0
     async with httpx.AsyncClient(timeout=10) as http:
         opened: dict[str, str] = {}

@@ -31,7 +31,6 @@ from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from opentelemetry import trace
 
-from mcpfleet.config import DEFAULT_APP as DEFAULT_APP  # re-exported: its old home
 from mcpfleet.keys.codec import ReloadableCodec
 
 
