@@ -13,6 +13,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
 from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT, RedisFiles
@@ -64,6 +65,10 @@ class ReplicaConfig:
     #: New once-flows are refused while Redis uses more than this share of its
     #: maxmemory (0 turns the check off), leaving the rest to heartbeats and routes.
     once_memory_limit: float = 0.8
+    #: How modern rounds are answered: ``auto``, JSON for a round that asked for
+    #: no progress or logs and SSE for one that did (mcpfleet.replica.respmode);
+    #: ``sse``, every round through mcp's SSE mode, as FastMCP serves by default.
+    response_mode: Literal["auto", "sse"] = "auto"
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

@@ -47,6 +47,7 @@ from fastmcp import Context
 from fastmcp.exceptions import ToolError
 from fastmcp.server.elicitation import (
     AcceptedElicitation,
+    ElicitConfig,
     handle_elicit_accept,
     parse_elicit_response_type,
 )
@@ -75,6 +76,14 @@ T = TypeVar("T")
 _STATE_VERSION = 1
 #: Where the pending key lived before the envelope (read, never written).
 _LEGACY_PENDING = "_pending"
+#: How many response types' elicitation configs are kept (:func:`_elicit_config`).
+_CONFIG_LIMIT = 512
+_CONFIGS: dict[tuple[str, Any], ElicitConfig] = {}
+#: FastMCP's ``handle_elicit_accept`` builds ``AcceptedElicitation[Any]`` on every
+#: accepted answer. pydantic keeps a parametrized generic in a weak cache: once
+#: garbage collection freed it, the next answer rebuilt the class (~1.5 ms). A
+#: reference held here keeps it built for the process's life.
+_ACCEPTED_ANY = AcceptedElicitation[Any]
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,43 @@ def first_missing(questions: list[Question]) -> NextQuestion:
         return next((q for q in questions if q.key not in answers), None)
 
     return next_question
+
+
+def _config_key(response_type: Any) -> tuple[str, Any] | None:
+    """What identifies a response type's config: the type itself, or the JSON of
+    FastMCP's dict/list shorthand (values, not identities); None if neither."""
+    if isinstance(response_type, dict | list):
+        try:
+            return ("json", json.dumps(response_type))
+        except (TypeError, ValueError):
+            return None
+    try:
+        hash(response_type)
+    except TypeError:
+        return None
+    return ("type", response_type)
+
+
+def _elicit_config(response_type: Any) -> ElicitConfig:
+    """FastMCP's elicitation config (schema, validating type) for ``response_type``,
+    built once per response type.
+
+    ``parse_elicit_response_type`` generates the JSON schema on every call
+    (hundreds of microseconds), and a modern-era flow asks for it on every
+    round. The config depends on the response type alone, so it is kept,
+    bounded (:data:`_CONFIG_LIMIT`, oldest dropped first: a tool that makes new
+    types per call costs rebuilds, never memory). Callers never change it.
+    """
+    key = _config_key(response_type)
+    if key is None:
+        return parse_elicit_response_type(response_type)
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = parse_elicit_response_type(response_type)
+        if len(_CONFIGS) >= _CONFIG_LIMIT:
+            del _CONFIGS[next(iter(_CONFIGS))]
+        _CONFIGS[key] = config
+    return config
 
 
 def _jsonable(value: Any) -> Any:
@@ -186,7 +232,7 @@ def _fold(
     question = next_question(answers)
     if question is None or question.key != pending:
         raise ValueError(f"answer for {pending!r} does not match the flow")
-    config = parse_elicit_response_type(question.response_type)
+    config = _elicit_config(question.response_type)
     accepted = handle_elicit_accept(config, result.content)
     answers[pending] = _jsonable(accepted.data)
     return None
@@ -229,7 +275,7 @@ def _modern_round(
     question = next_question(answers)
     if question is None:
         return Outcome(status="done", answers=answers), claim, end
-    config = parse_elicit_response_type(question.response_type)
+    config = _elicit_config(question.response_type)
     request = ElicitRequest(
         params=ElicitRequestFormParams(message=question.message, requested_schema=config.schema)
     )

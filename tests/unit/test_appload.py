@@ -13,7 +13,13 @@ from mcp_types import InputRequiredResult
 from mcpfleet import Question, ask_then, first_missing
 from mcpfleet.keys.codec import ReloadableCodec
 from mcpfleet.keys.ring import KeyRing
-from mcpfleet.replica.appload import TESTED_FASTMCP, check_fastmcp_version, install_codec
+from mcpfleet.replica.appload import (
+    TELEMETRY_ENV,
+    TESTED_FASTMCP,
+    check_fastmcp_version,
+    install_codec,
+    quiet_telemetry,
+)
 
 
 def _app() -> FastMCP[Any]:
@@ -59,3 +65,35 @@ async def test_install_codec_replaces_the_one_boundary_and_the_app_seals_with_th
         result = await client.call_tool("ok", {})
     assert str(result.data) == "True"
     assert ("unseal", ring.kids[0]) in seen, "the continuation was unsealed with the ring's key"
+
+
+def test_fastmcp_serves_without_mcps_span_middleware() -> None:
+    """FastMCP replaces mcp's ``OpenTelemetryMiddleware`` (a private module) with its
+    own, which ``telemetry_mode`` governs: so that one setting turns every server
+    span off. If a FastMCP version serves with mcp's again, this fails."""
+    from mcp.server._otel import OpenTelemetryMiddleware
+
+    middleware = _app()._mcp_server.middleware
+    assert not any(isinstance(mw, OpenTelemetryMiddleware) for mw in middleware)
+
+
+def test_spans_are_turned_off_when_no_opentelemetry_sdk_would_record_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fastmcp.settings, "telemetry_mode", "native")
+    assert quiet_telemetry(environ={})
+    assert fastmcp.settings.telemetry_mode == "off"
+
+
+@pytest.mark.parametrize("why", ["environment", "sdk"])
+def test_spans_stay_on_when_an_sdk_is_configured_or_the_mode_was_chosen(
+    monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    from opentelemetry import trace
+
+    monkeypatch.setattr(fastmcp.settings, "telemetry_mode", "native")
+    environ = {TELEMETRY_ENV: "native"} if why == "environment" else {}
+    if why == "sdk":
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.NoOpTracerProvider())
+    assert not quiet_telemetry(environ=environ)
+    assert fastmcp.settings.telemetry_mode == "native"

@@ -149,3 +149,36 @@ async def test_once_refuses_a_prompt() -> None:
     async with Client(probe, mode="auto", elicitation_handler=handler) as client:
         with pytest.raises(Exception, match="guards tools"):
             await client.get_prompt("tone", {})
+
+
+def test_an_elicitation_config_is_built_once_per_response_type() -> None:
+    """Every modern round asks for its question's config: FastMCP's parse rebuilds the
+    schema each time, so the guard keeps one per response type (by value for the
+    dict/list shorthand), bounded, and builds anything unkeyable afresh."""
+    from fastmcp.server.elicitation import parse_elicit_response_type
+
+    from mcpfleet import guard
+
+    assert guard._elicit_config(bool) is guard._elicit_config(bool)
+    assert guard._elicit_config(bool).schema == parse_elicit_response_type(bool).schema
+    titled = {"low": {"title": "Low"}, "high": {"title": "High"}}
+    assert guard._elicit_config(dict(titled)) is guard._elicit_config(dict(titled))
+    assert guard._elicit_config(["a", "b"]) is not guard._elicit_config(["b", "a"])
+    for i in range(guard._CONFIG_LIMIT + 5):
+        guard._elicit_config([f"choice-{i}", "other"])
+    assert len(guard._CONFIGS) == guard._CONFIG_LIMIT
+
+
+def test_pydantic_keeps_the_accepted_elicitation_class_while_the_guard_holds_it() -> None:
+    """FastMCP's ``handle_elicit_accept`` subscripts ``AcceptedElicitation[Any]`` per
+    answer; pydantic caches the class weakly, so the guard holds one reference. If
+    pydantic stops returning the cached class, that reference no longer saves the
+    rebuild (~1.5 ms an answer after a garbage collection): this says so."""
+    import gc
+
+    from fastmcp.server.elicitation import AcceptedElicitation
+
+    from mcpfleet import guard
+
+    gc.collect()
+    assert AcceptedElicitation[Any] is guard._ACCEPTED_ANY

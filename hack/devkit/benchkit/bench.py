@@ -501,12 +501,27 @@ def main() -> None:
         action="store_true",
         help="only the load-generator, session, Redis and profile rows (issue 12's figures)",
     )
+    parser.add_argument(
+        "--rounds-only",
+        action="store_true",
+        help="only the replica's CPU per round beside plain FastMCP (benchkit.roundcost)",
+    )
     args = parser.parse_args()
+    if args.rounds_only:
+        from benchkit.roundcost import round_cost_rows
+
+        print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        print(render(round_cost_rows(args.quick)))
+        return
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
     from benchkit.sessionbench import measure_sessions
 
     rows += asyncio.run(measure_sessions(args.quick, results))
+    if not args.scale_only:
+        from benchkit.roundcost import round_cost_rows
+
+        rows += round_cost_rows(args.quick)
     if not args.scale_only:
         from benchkit.oncebench import once_rows
 

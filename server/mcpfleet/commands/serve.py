@@ -118,6 +118,13 @@ def add_parsers(sub: Any) -> None:
         help="share of Redis maxmemory past which new once-flows are refused; 0: no check"
         f" (default {rep.once_memory_limit})",
     )
+    s.add_argument(
+        "--response-mode",
+        choices=("auto", "sse"),
+        default=rep.response_mode,
+        help="modern rounds: auto (JSON unless the request asked for progress or logs)"
+        f" or sse (every round in SSE mode) (default {rep.response_mode})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

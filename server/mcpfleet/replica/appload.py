@@ -13,16 +13,23 @@ middleware and the attribute FastMCP reads it from: private structure, which
 is why it runs only on the FastMCP minor versions it is tested on
 (:data:`TESTED_FASTMCP`) and refuses any other with a clear error rather than
 serving with a policy that might not be the fleet's.
+
+:func:`quiet_telemetry` turns FastMCP's and mcp's OpenTelemetry spans off
+where nothing would record them (no OpenTelemetry SDK configured): the spans
+cost every round CPU and reach no exporter.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import fastmcp
 from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
+from opentelemetry import trace
 
 from mcpfleet.keys.codec import ReloadableCodec
 
@@ -101,3 +108,33 @@ def install_codec(
     lowlevel.middleware[boundaries[0]] = RequestStateBoundary(security, default_audience=audience)
     app._request_state_security = security
     return security
+
+
+#: FastMCP's setting of its own spans; set in the environment, it is left as it is.
+TELEMETRY_ENV = "FASTMCP_TELEMETRY_MODE"
+
+
+def tracing_configured() -> bool:
+    """Whether an OpenTelemetry SDK has a tracer provider set (by the app at import,
+    or ``opentelemetry-instrument``): without one, every span is dropped unread."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def quiet_telemetry(environ: Mapping[str, str] | None = None) -> bool:
+    """Turn off FastMCP's spans when nothing would record them; True if turned off.
+
+    With no SDK configured the OpenTelemetry API hands out non-recording spans,
+    but making them (attributes, trace context extracted from ``_meta``,
+    context attached and detached) still costs every round CPU. So, unless an
+    SDK is configured or ``FASTMCP_TELEMETRY_MODE`` is set, FastMCP's
+    ``telemetry_mode`` (its documented setting, process-wide) becomes ``off``.
+    FastMCP serves without mcp's own span middleware, so that setting covers
+    every server span (tests/unit/test_appload.py checks both). An app that
+    configures its SDK later than its import (in its lifespan) sets
+    ``FASTMCP_TELEMETRY_MODE=native`` to keep the spans.
+    """
+    environ = os.environ if environ is None else environ
+    if TELEMETRY_ENV in environ or tracing_configured():
+        return False
+    fastmcp.settings.telemetry_mode = "off"
+    return True

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import uvicorn
+from fastmcp.server.http import StarletteWithLifespan
 from prometheus_client import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,10 +50,11 @@ from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import check_version
 from mcpfleet.registry import Publisher, connect, redact_url
-from mcpfleet.replica.appload import install_codec, load_app
+from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
+from mcpfleet.replica.respmode import ResponseModes
 from mcpfleet.sigterm import SigtermFirstServer
 
 log = logging.getLogger("mcpfleet.replica")
@@ -75,6 +77,8 @@ class Replica:
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
         self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
         self.mcp_app = load_app(config.app)
+        if quiet_telemetry():
+            log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
@@ -87,18 +91,28 @@ class Replica:
             on_change=self._ring_changed,
             on_result=self.metrics.reload_result,
         )
-        inner = self.mcp_app.http_app(
+        inner: ASGIApp = self._http_app(json_response=None)
+        #: The same app in JSON mode, for modern rounds that cannot stream (respmode).
+        self.json_app: StarletteWithLifespan | None = None
+        if config.response_mode == "auto":
+            self.json_app = self._http_app(json_response=True)
+            inner = ResponseModes(inner, self.json_app, MCP_PATH)
+        self.asgi: ASGIApp = ReplicaGate(
+            inner, self.state, extra_routes={"/metrics": self.serve_metrics}
+        )
+        self._drained = asyncio.Event()
+
+    def _http_app(self, json_response: bool | None) -> StarletteWithLifespan:
+        config = self.config
+        return self.mcp_app.http_app(
             path=MCP_PATH,
+            json_response=json_response,
             # The replica forgets an idle session when the router's route expires.
             session_idle_timeout=config.session_idle,
             host_origin_protection="auto",
             allowed_hosts=list(config.allowed_hosts) or None,
             allowed_origins=list(config.allowed_origins) or None,
         )
-        self.asgi: ASGIApp = ReplicaGate(
-            inner, self.state, extra_routes={"/metrics": self.serve_metrics}
-        )
-        self._drained = asyncio.Event()
 
     def attestation(self) -> Attestation:
         st = self.state
@@ -136,6 +150,19 @@ class Replica:
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if self.json_app is not None:
+                # Its session manager (modern rounds only: no sessions) runs beside the
+                # main app's; FastMCP's lifespan is reference-counted, so the app's own
+                # lifespan still runs once.
+                await stack.enter_async_context(
+                    self.json_app.router.lifespan_context(self.json_app)
+                )
+            async with self._serving():
+                yield
+
+    @contextlib.asynccontextmanager
+    async def _serving(self) -> AsyncIterator[None]:
         self.metrics.watch_rejections()
         tasks = [asyncio.create_task(self.watcher.run(), name="keyring-watch")]
         client = None

@@ -1,0 +1,341 @@
+"""``make bench``'s replica rows: CPU per modern round, mcpfleet beside plain FastMCP.
+
+One run starts, side by side on this machine:
+
+* plain FastMCP (:data:`benchkit.roundapp.plain`, nothing of mcpfleet's) under
+  uvicorn, twice: JSON response mode and SSE mode (FastMCP's default);
+* one ``mcpfleet serve`` replica of :func:`benchkit.roundapp.fleet` with its
+  Redis (as ``make bench`` starts replicas), whose ``confirm`` is the same tool
+  through :func:`mcpfleet.ask_then` and ``confirm_once`` the same with
+  ``once=True``.
+
+It then drives two-round modern (2026-07-28) flows against each, one client,
+in short slices that take turns (the order rotates every slice, so drifting
+load on a shared machine hits every server alike). A slice is a batch of
+asking rounds, then the answer rounds of the same flows, so each server's CPU
+(every thread's, nanoseconds, from ``/proc/<pid>/task/*/schedstat``) is read
+around batches of one kind of round: CPU per asking round and per answer round
+separately. Latency is each round's wall time at the client (p50/p99).
+
+The targets (issue 26), printed with PASS/FAIL and the ratios they are on:
+
+* the replica's CPU per asking round and per answer round <= 1.15x plain
+  FastMCP's in the same response mode (the mode the replica answered in);
+* ``once=True`` adds <= 100 us CPU and <= 0.3 ms p50 to the answer round.
+
+Nothing here asserts: a benchmark reports, tests prove behaviour.
+
+    PYTHONPATH=hack/devkit .venv/bin/python -m benchkit.roundcost [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchkit.roundapp import ARGS, ONCE_TOOL, TOOL
+from fleetkit.fleet import DEVKIT_DIR
+from fleetkit.wire import MODERN, MODERN_META, response_body
+from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.wait import wait_for
+
+Row = tuple[str, str, str, str]
+
+#: The targets: CPU per round within this factor of plain FastMCP's (same mode).
+CPU_RATIO_TARGET = 1.15
+#: What ``once=True`` may add to the answer round: CPU (us) and p50 latency (ms).
+ONCE_CPU_TARGET_US = 100.0
+ONCE_P50_TARGET_MS = 0.3
+
+PLAIN_JSON, PLAIN_SSE = "plain FastMCP, JSON mode", "plain FastMCP, SSE mode"
+REPLICA, REPLICA_ONCE = "mcpfleet replica", "mcpfleet replica, once=True"
+JSON_MODE, SSE_MODE = "JSON", "SSE"
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every live thread of ``pid`` so far, in nanoseconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that just exited
+    return total
+
+
+@dataclass
+class Server:
+    """One server under test: where it listens, which tool, and what was measured."""
+
+    name: str
+    url: str
+    tool: str
+    pid: int
+    ask_ns: int = 0
+    answer_ns: int = 0
+    asks: int = 0
+    answers: int = 0
+    ask_ms: list[float] = field(default_factory=list)
+    answer_ms: list[float] = field(default_factory=list)
+    #: The response mode the server answered these rounds in (:func:`response_mode`).
+    mode: str = "?"
+
+    @property
+    def ask_us(self) -> float:
+        return self.ask_ns / max(1, self.asks) / 1e3
+
+    @property
+    def answer_us(self) -> float:
+        return self.answer_ns / max(1, self.answers) / 1e3
+
+    def rounds_per_core(self) -> float:
+        return 2e6 / (self.ask_us + self.answer_us)
+
+
+HEADERS = {
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": MODERN,
+    "mcp-method": "tools/call",
+}
+
+
+def _body(tool: str, state: str | None = None) -> bytes:
+    params: dict[str, Any] = {"name": tool, "arguments": ARGS, "_meta": MODERN_META}
+    if state is not None:
+        params["requestState"] = state
+        params["inputResponses"] = {"ok": {"action": "accept", "content": {"value": True}}}
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    ).encode()
+
+
+def _round(http: httpx.Client, s: Server, state: str | None) -> tuple[float, dict[str, Any]]:
+    headers = {**HEADERS, "mcp-name": s.tool}
+    started = time.perf_counter()
+    resp = http.post(s.url, content=_body(s.tool, state), headers=headers)
+    took = (time.perf_counter() - started) * 1e3
+    result = response_body(resp).get("result")
+    if resp.status_code != 200 or not isinstance(result, dict):
+        raise RuntimeError(f"{s.name}: round failed: {resp.status_code} {resp.text[:300]}")
+    return took, result
+
+
+def response_mode(http: httpx.Client, s: Server) -> str:
+    """The mode ``s`` answers such a round in, seen from the wire.
+
+    A silent round looks the same either way (mcp's SSE mode answers one that
+    emitted nothing as ``application/json`` too), but only JSON mode serves a
+    client that accepts JSON alone: SSE mode refuses it with 406.
+    """
+    headers = {**HEADERS, "mcp-name": s.tool, "accept": "application/json"}
+    resp = http.post(s.url, content=_body(s.tool), headers=headers)
+    return SSE_MODE if resp.status_code == 406 else JSON_MODE
+
+
+def _batch(http: httpx.Client, s: Server, flows: int, timed: bool = True) -> None:
+    """``flows`` asking rounds, then their answer rounds, each batch's CPU read around it."""
+    states: list[str] = []
+    before = cpu_ns(s.pid)
+    for _ in range(flows):
+        took, result = _round(http, s, None)
+        states.append(str(result["requestState"]))
+        if timed:
+            s.ask_ms.append(took)
+    between = cpu_ns(s.pid)
+    for state in states:
+        took, result = _round(http, s, state)
+        text = str(result["content"][0]["text"])
+        if not text.startswith("Purchased"):
+            raise RuntimeError(f"{s.name}: unexpected answer {text!r}")
+        if timed:
+            s.answer_ms.append(took)
+    after = cpu_ns(s.pid)
+    if timed:
+        s.ask_ns += between - before
+        s.answer_ns += after - between
+        s.asks += flows
+        s.answers += flows
+
+
+def start_plain(work: Path, json_response: bool) -> tuple[subprocess.Popen[bytes], str]:
+    """:data:`benchkit.roundapp.plain` under uvicorn, in the given response mode."""
+    port = free_port()
+    code = (
+        "import uvicorn\n"
+        "from benchkit.roundapp import plain\n"
+        f"app = plain.http_app(path='/mcp', json_response={json_response})\n"
+        f"uvicorn.run(app, host='127.0.0.1', port={port}, log_level='warning',"
+        " access_log=False)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DEVKIT_DIR), env.get("PYTHONPATH")) if p)
+    log = (work / f"plain-{'json' if json_response else 'sse'}.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def answers() -> bool:
+        body = _body(TOOL)
+        resp = httpx.post(url, content=body, headers={**HEADERS, "mcp-name": TOOL}, timeout=2)
+        return resp.status_code == 200
+
+    wait_for(answers, timeout=60, what="plain FastMCP to answer", retry_on=(httpx.HTTPError,))
+    return proc, url
+
+
+def measure(flows: int, slice_flows: int, work: Path) -> dict[str, Server]:
+    """Every server started, warmed up and driven; what was measured, by server name."""
+    procs: list[subprocess.Popen[bytes]] = []
+    lf = LocalFleet(
+        work / "fleet",
+        replicas=1,
+        routers=0,
+        fleet="rounds",
+        app="benchkit.roundapp:fleet",
+        extra_env={"PYTHONPATH": str(DEVKIT_DIR)},
+    )
+    try:
+        urls = []
+        for json_response in (True, False):
+            proc, url = start_plain(work, json_response)
+            procs.append(proc)
+            urls.append(url)
+        lf.start()
+        member = lf.members["replica-0"]
+        assert member.proc.popen is not None
+        rpid = member.proc.popen.pid
+        servers = [
+            Server(PLAIN_JSON, urls[0], TOOL, procs[0].pid),
+            Server(PLAIN_SSE, urls[1], TOOL, procs[1].pid),
+            Server(REPLICA, f"{member.url}/mcp", TOOL, rpid),
+            Server(REPLICA_ONCE, f"{member.url}/mcp", ONCE_TOOL, rpid),
+        ]
+        with httpx.Client(timeout=10) as http:
+            for s in servers:  # warm every path up: imports, caches, connections
+                _batch(http, s, 50, timed=False)
+                s.mode = response_mode(http, s)
+            for i in range(max(1, flows // slice_flows)):
+                shift = i % len(servers)
+                for s in servers[shift:] + servers[:shift]:
+                    _batch(http, s, slice_flows)
+        return {s.name: s for s in servers}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        lf.stop()
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def rows_of(servers: dict[str, Server], flows: int) -> list[Row]:
+    rows: list[Row] = []
+    plain = {JSON_MODE: servers[PLAIN_JSON], SSE_MODE: servers[PLAIN_SSE]}
+    for s in servers.values():
+        same = plain.get(s.mode)
+        ratio = ""
+        if same is not None and s.name not in (PLAIN_JSON, PLAIN_SSE):
+            ratio = (
+                f"x{s.ask_us / same.ask_us:.2f} / x{s.answer_us / same.answer_us:.2f}"
+                f" of plain {s.mode}"
+            )
+        rows.append(
+            (
+                f"round CPU ask / answer, {s.name}",
+                f"{s.ask_us:.0f} / {s.answer_us:.0f} us",
+                ratio,
+                f"answered in {s.mode} mode; {s.rounds_per_core():.0f} rounds/s per core",
+            )
+        )
+        rows.append(
+            (
+                f"round latency ask / answer, {s.name}",
+                f"p50 {statistics.median(s.ask_ms):.2f} / {statistics.median(s.answer_ms):.2f} ms",
+                f"p99 {_p(s.ask_ms, 0.99):.2f} / {_p(s.answer_ms, 0.99):.2f} ms",
+                f"{s.asks} flows, 1 client, interleaved slices",
+            )
+        )
+    rep, once = servers[REPLICA], servers[REPLICA_ONCE]
+    base = plain.get(rep.mode, servers[PLAIN_SSE])
+    for kind, ours, theirs in (
+        ("asking", rep.ask_us, base.ask_us),
+        ("answer", rep.answer_us, base.answer_us),
+    ):
+        ratio = ours / theirs
+        rows.append(
+            (
+                f"target: replica CPU per {kind} round <= x{CPU_RATIO_TARGET:.2f} plain FastMCP",
+                f"x{ratio:.2f} ({ours:.0f} vs {theirs:.0f} us, {rep.mode} mode)",
+                _verdict(ratio <= CPU_RATIO_TARGET),
+                "same tool, same response mode, same run",
+            )
+        )
+    added_cpu = once.answer_us - rep.answer_us
+    rows.append(
+        (
+            f"target: once=True adds <= {ONCE_CPU_TARGET_US:.0f} us CPU to the answer round",
+            f"{added_cpu:+.0f} us ({once.answer_us:.0f} vs {rep.answer_us:.0f})",
+            _verdict(added_cpu <= ONCE_CPU_TARGET_US),
+            "one claim + confirm in Redis; the result's store after the answer",
+        )
+    )
+    added_p50 = statistics.median(once.answer_ms) - statistics.median(rep.answer_ms)
+    rows.append(
+        (
+            f"target: once=True adds <= {ONCE_P50_TARGET_MS} ms p50 to the answer round",
+            f"{added_p50:+.2f} ms",
+            _verdict(added_p50 <= ONCE_P50_TARGET_MS),
+            f"{flows} flows each",
+        )
+    )
+    return rows
+
+
+def round_cost_rows(quick: bool) -> list[Row]:
+    """The rows :mod:`benchkit.bench` prints (``--rounds-only`` prints only these)."""
+    flows, slice_flows = (400, 50) if quick else (2000, 100)
+    work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-rounds-"))
+    try:
+        return rows_of(measure(flows, slice_flows, work), flows)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer flows (a smoke run)")
+    args = parser.parse_args()
+    from benchkit.bench import render
+
+    print(f"mcpfleet round cost, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    print(render(round_cost_rows(args.quick)))
+
+
+if __name__ == "__main__":
+    main()
