@@ -202,6 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of Redis maxmemory past which new once-flows are refused; 0: no check"
         f" (default {rep.once_memory_limit})",
     )
+    s.add_argument(
+        "--tasks-redelivery",
+        type=_positive,
+        default=rep.tasks_redelivery,
+        help="s after which a task whose worker died runs again on another replica"
+        f" (apps with MCP tasks; default {rep.tasks_redelivery})",
+    )
+    s.add_argument(
+        "--tasks-concurrency",
+        type=_positive_int,
+        default=rep.tasks_concurrency,
+        help=f"tasks one replica runs at once (default {rep.tasks_concurrency})",
+    )
 
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host, help="address to listen on")
@@ -479,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         redis_deadline=args.redis_deadline,
                         redis_failover_wait=args.redis_failover_wait,
                         once_memory_limit=args.once_memory_limit,
+                        tasks_redelivery=args.tasks_redelivery,
+                        tasks_concurrency=args.tasks_concurrency,
                     )
                 )
             except KeyRingError as exc:

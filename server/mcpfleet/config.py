@@ -64,6 +64,12 @@ class ReplicaConfig:
     #: New once-flows are refused while Redis uses more than this share of its
     #: maxmemory (0 turns the check off), leaving the rest to heartbeats and routes.
     once_memory_limit: float = 0.8
+    #: MCP tasks (:mod:`mcpfleet.tasks`, apps with a tasks extension only): a
+    #: task whose worker died (its lease, renewed every quarter of this, lapsed)
+    #: runs again on another replica's worker after at most this many seconds.
+    tasks_redelivery: float = 30.0
+    #: Tasks one replica's worker runs at once.
+    tasks_concurrency: int = 10
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

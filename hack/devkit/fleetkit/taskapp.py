@@ -1,0 +1,87 @@
+"""A FastMCP app with MCP tasks (SEP-2663), written as for ``fastmcp run``, unchanged.
+
+Replicas load it as ``--app fleetkit.taskapp:app`` (the [tasks] extra:
+``make venv-tasks``). It registers ``TasksExtension()`` as any author does;
+the fleet replaces it with one on the fleet's queue. ``double`` answers
+``2 * n`` after ``seconds``; ``effect`` appends ``start <tag> pid=<pid>`` to
+the file named by ``$MCPFLEET_TEST_EFFECTS`` (``O_APPEND``: replicas never
+interleave a line), waits ``seconds``, appends ``done <tag> pid=<pid>`` and
+answers ``tag``: the tests count side effects, not answers.
+
+With ``$TASKAPP_JWT_PUBLIC_KEY_FILE`` (and ``TASKAPP_JWT_ISSUER``,
+``TASKAPP_JWT_AUDIENCE``, ``TASKAPP_BASE_URL``), the app checks bearer tokens
+as deploy/own-app does (:mod:`fleetkit.jwtkit` signs them), and ``whoami``
+answers the caller's ``sub``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_access_token
+from fastmcp_tasks import TasksExtension
+
+EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
+
+
+def _auth() -> Any:
+    key_file = os.environ.get("TASKAPP_JWT_PUBLIC_KEY_FILE")
+    if not key_file:
+        return None
+    from fastmcp.server.auth import RemoteAuthProvider
+    from fastmcp.server.auth.providers.jwt import JWTVerifier
+    from pydantic import AnyHttpUrl
+
+    issuer = os.environ["TASKAPP_JWT_ISSUER"]
+    with open(key_file, encoding="ascii") as fh:
+        verifier = JWTVerifier(
+            public_key=fh.read(),
+            issuer=issuer,
+            audience=os.environ["TASKAPP_JWT_AUDIENCE"],
+            algorithm="RS256",
+        )
+    return RemoteAuthProvider(
+        token_verifier=verifier,
+        authorization_servers=[AnyHttpUrl(issuer)],
+        base_url=os.environ["TASKAPP_BASE_URL"],
+        resource_name="taskapp",
+    )
+
+
+app = FastMCP("mcpfleet-task-test", auth=_auth())
+app.add_extension(TasksExtension())
+
+
+def _effect(line: str) -> None:
+    fd = os.open(os.environ[EFFECTS_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@app.tool(task=True)
+async def double(n: int, seconds: float = 0.0) -> int:
+    """Twice ``n``, after ``seconds``."""
+    await asyncio.sleep(seconds)
+    return 2 * n
+
+
+@app.tool(task=True)
+async def effect(tag: str, seconds: float = 0.0) -> str:
+    """One counted side effect that takes ``seconds``."""
+    _effect(f"start {tag} pid={os.getpid()}")
+    await asyncio.sleep(seconds)
+    _effect(f"done {tag} pid={os.getpid()}")
+    return tag
+
+
+@app.tool(task=True)
+async def whoami(seconds: float = 0.0) -> str:
+    """The caller's ``sub``, as the worker that ran the task sees it."""
+    await asyncio.sleep(seconds)
+    token = get_access_token()
+    return str(token.claims.get("sub")) if token is not None else "anonymous"
