@@ -81,8 +81,9 @@ typecheck: venv ## mypy --strict over both packages
 E2E_PROVIDER ?= kind
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),kind-image))
 
-test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, then the e2e tier on E2E_PROVIDER (kind)
+test: venv venv-tasks deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
 	$(PY) -m pytest tests --ignore=tests/e2e
+	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs")
