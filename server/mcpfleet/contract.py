@@ -134,7 +134,9 @@ class RedisKeys:
           task queue (:mod:`mcpfleet.tasks`, FastMCP's tasks engine on a
           Docket): a selector (Redis 7) allowing the commands of
           :data:`TASK_QUEUE_COMMANDS` on the keys and channels under
-          :attr:`tasks` only; a fleet whose app has no tasks never sends them.
+          :attr:`tasks` only (and the workers' PSUBSCRIBE pattern of
+          cancellations, which Redis matches as written); a fleet whose app
+          has no tasks never sends them.
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
           read and write; the registry, read only.
         * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
@@ -171,7 +173,9 @@ class RedisKeys:
             ]
             # The task queue: a selector of its own (Redis 7), so its commands
             # reach its keys and channels only, never the routes or the ledger.
-            selector = [f"(~{self.tasks}:*", f"&{self.tasks}:*"]
+            # PSUBSCRIBE needs its pattern allowed as written: the workers'
+            # cancellation pattern is named too.
+            selector = [f"(~{self.tasks}:*", f"&{self.tasks}:*", f"&{self.tasks}:cancel:*"]
             selector += [f"+{c}" for c in TASK_QUEUE_COMMANDS]
             selector[-1] += ")"
             return [*base, *keys, *(f"+{c}" for c in commands), *selector]
@@ -189,12 +193,12 @@ class RedisKeys:
 
 #: What the MCP task queue (pydocket, under FastMCP's tasks engine) sends, on
 #: its own keys and channels only (:attr:`RedisKeys.tasks`): its streams
-#: (XADD, XREADGROUP, XAUTOCLAIM, XCLAIM, XACK, XDEL, XLEN, XGROUP, XPENDING),
+#: (XADD, XREAD, XREADGROUP, XAUTOCLAIM, XCLAIM, XACK, XDEL, XLEN, XGROUP, XPENDING),
 #: scheduling and worker registry (sorted sets, sets, hashes), results and
 #: the engine's task records (strings with TTLs), its Lua scripts (SCRIPT
 #: LOAD, EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE).
 TASK_QUEUE_COMMANDS: tuple[str, ...] = (
-    "xadd", "xreadgroup", "xautoclaim", "xclaim", "xack", "xdel", "xlen", "xgroup",
+    "xadd", "xread", "xreadgroup", "xautoclaim", "xclaim", "xack", "xdel", "xlen", "xgroup",
     "xpending", "xinfo", "xrange",
     "zadd", "zcard", "zcount", "zrem", "zremrangebyscore", "zrange", "zrangebyscore", "zscore",
     "sadd", "smembers", "srem", "scard", "sismember",

@@ -24,6 +24,7 @@ import redis
 
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.jwtkit import TokenIssuer
+from fleetkit.redisrig import RedisServer, acl_log, redis_fleet
 from fleetkit.taskwire import FINAL, HEADER_MISMATCH, NOT_FOUND, create, rpc, task
 from mcpfleet.contract import RedisKeys
 from mcpfleet.dev.fleet import LocalFleet, free_port
@@ -306,3 +307,50 @@ def test_a_replica_killed_mid_task_leaves_no_task_working(
         assert set(dones) == set(starts) and len(dones) == total
         assert all(c == 1 for c in dones.values()), dones
         assert sum(starts.values()) == total + killed_tasks
+
+
+def test_tasks_run_with_the_replica_under_exactly_its_acl_rules(
+    tmp_path: Path, request: pytest.FixtureRequest, http: httpx.Client
+) -> None:
+    """The queue's commands, keys and channels are all in the contract's selector.
+
+    Every component connects as its own ACL user with a password file (the
+    queue's credentials as a provider, never in its URL); tasks are created,
+    run, read on another replica and cancelled; ``ACL LOG`` stays empty.
+    """
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        lf = redis_fleet(
+            tmp_path / "fleet",
+            [server],
+            f"redis://127.0.0.1:{server.port}/0",
+            server.admin,
+            FleetOptions(
+                fleet="acl",
+                app=APP,
+                env={"MCPFLEET_TEST_EFFECTS": str(tmp_path / "effects")},
+                replica_args=("--tasks-redelivery", str(REDELIVERY)),
+            ),
+        )
+        acl_log(server, reset=True)
+        with lf, watched(request, lf):
+            ids = []
+            for i in range(6):
+                made = create(http, lf.url, "double", {"n": i})
+                assert made.error is None, made.body
+                ids.append(made.result["taskId"])
+                _, url = elsewhere(lf, made.replica, i)
+                assert task(http, url, "tasks/get", ids[-1]).error is None
+            # Long enough for its worker to renew its lease (every REDELIVERY / 4).
+            long = create(http, lf.url, "double", {"n": 7, "seconds": 2 * REDELIVERY})
+            ids.append(long.result["taskId"])
+            slow = create(http, lf.url, "effect", {"tag": "acl", "seconds": 5.0})
+            assert task(http, lf.url, "tasks/cancel", slow.result["taskId"]).error is None
+            try:
+                final = wait_final(http, lf.url, ids, None, timeout=30)
+            finally:
+                denied = {(d.get("object"), d.get("reason")) for d in acl_log(server)}
+                assert denied == set(), denied
+            assert {r["status"] for r in final.values()} == {"completed"}
+    finally:
+        server.stop()
