@@ -217,6 +217,34 @@ def test_no_token_reaches_redis_or_a_log_line(
     assert all(task_id not in tail for _, tail in fleet.logs())
 
 
+def test_a_task_that_asks_is_answered_through_another_replica_and_completes(
+    fleet: LocalFleet, issuer: TokenIssuer, http: httpx.Client
+) -> None:
+    alice = issuer.token("alice")
+    made = create(http, fleet.url, "confirm", {"tag": "asked"}, token=alice)
+    task_id = made.result["taskId"]
+
+    def asking() -> tuple[str, dict[str, Any]] | None:
+        for name, url in replica_urls(fleet).items():
+            result = status_of(http, url, task_id, alice)
+            if result["status"] == "input_required":
+                return name, result
+        return None
+
+    seen_on, asked = wait_for(asking, timeout=15, what="the task to ask")
+    (key,) = asked["inputRequests"]
+    _, url = elsewhere(fleet, seen_on, 0)
+    answer = {key: {"action": "accept", "content": {"ok": True}}}
+    updated = task(http, url, "tasks/update", task_id, token=alice, inputResponses=answer)
+    assert updated.error is None, updated.body
+    final = wait_final(http, fleet.url, [task_id], alice, timeout=30)[task_id]
+    assert final["result"]["structuredContent"] == {"result": "asked: confirmed"}, final
+    confirmed = [
+        ln for ln in effects(fleet.workdir / "effects") if ln.startswith("confirmed asked")
+    ]
+    assert len(confirmed) == 1
+
+
 def test_a_task_cancelled_through_another_replica_stops_on_its_worker(
     fleet: LocalFleet, issuer: TokenIssuer, http: httpx.Client
 ) -> None:

@@ -6,7 +6,11 @@ the fleet replaces it with one on the fleet's queue. ``double`` answers
 ``2 * n`` after ``seconds``; ``effect`` appends ``start <tag> pid=<pid>`` to
 the file named by ``$MCPFLEET_TEST_EFFECTS`` (``O_APPEND``: replicas never
 interleave a line), waits ``seconds``, appends ``done <tag> pid=<pid>`` and
-answers ``tag``: the tests count side effects, not answers.
+answers ``tag``: the tests count side effects, not answers. ``confirm`` is a
+guard in a task: the task asks (``input_required``), a ``tasks/update``
+answers it, and the next leg appends ``confirmed <tag>``. (It returns its
+question itself: mcpfleet's ``ask_then`` takes the handshake branch in a
+worker, which has no request and so no protocol version; docs/tasks.md.)
 
 With ``$TASKAPP_JWT_PUBLIC_KEY_FILE`` (and ``TASKAPP_JWT_ISSUER``,
 ``TASKAPP_JWT_AUDIENCE``, ``TASKAPP_BASE_URL``), the app checks bearer tokens
@@ -20,9 +24,10 @@ import asyncio
 import os
 from typing import Any
 
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from fastmcp.server.dependencies import get_access_token
 from fastmcp_tasks import TasksExtension
+from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 
 EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
 
@@ -85,3 +90,18 @@ async def whoami(seconds: float = 0.0) -> str:
     await asyncio.sleep(seconds)
     token = get_access_token()
     return str(token.claims.get("sub")) if token is not None else "anonymous"
+
+
+@app.tool(task=True)
+async def confirm(tag: str, ctx: Context) -> str | InputRequiredResult:
+    """Asks whether to go on (the guard pattern: it returns the question), then answers."""
+    answer = (ctx.input_responses or {}).get("ok")
+    if answer is None:
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+        ask = ElicitRequestFormParams(message=f"Go on with {tag}?", requested_schema=schema)
+        return InputRequiredResult(input_requests={"ok": ElicitRequest(params=ask)})
+    accepted = isinstance(answer, ElicitResult) and answer.action == "accept"
+    if accepted and answer.content and answer.content.get("ok"):
+        _effect(f"confirmed {tag} pid={os.getpid()}")
+        return f"{tag}: confirmed"
+    return f"{tag}: declined"
