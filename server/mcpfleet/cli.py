@@ -215,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=rep.tasks_concurrency,
         help=f"tasks one replica runs at once (default {rep.tasks_concurrency})",
     )
+    s.add_argument(
+        "--tasks-deadline",
+        type=_positive,
+        default=rep.tasks_deadline,
+        help=f"s a task request may wait on Redis before its error (default {rep.tasks_deadline})",
+    )
 
     r = sub.add_parser("router", help="run the sticky router")
     r.add_argument("--host", default=rtr.host, help="address to listen on")
@@ -494,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         once_memory_limit=args.once_memory_limit,
                         tasks_redelivery=args.tasks_redelivery,
                         tasks_concurrency=args.tasks_concurrency,
+                        tasks_deadline=args.tasks_deadline,
                     )
                 )
             except KeyRingError as exc:

@@ -70,6 +70,9 @@ class ReplicaConfig:
     tasks_redelivery: float = 30.0
     #: Tasks one replica's worker runs at once.
     tasks_concurrency: int = 10
+    #: Seconds a task request (a creation, ``tasks/get|update|cancel``) may wait
+    #: on Redis before it is answered with an error saying the outcome is unknown.
+    tasks_deadline: float = 10.0
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

@@ -33,18 +33,26 @@ random bytes, and it is stored under its creator's scope (client id and
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
 
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import RedisKeys
 from mcpfleet.redisconn import RedisFiles, queue_target, settings
 
 log = logging.getLogger("mcpfleet.tasks")
+
+T = TypeVar("T")
 
 #: The identifier FastMCP's tasks extension registers under (SEP-2663).
 TASKS_EXTENSION_ID = "io.modelcontextprotocol/tasks"
@@ -82,6 +90,9 @@ class FleetQueue:
     redelivery_timeout: float
     #: Tasks one replica's worker runs at once.
     concurrency: int
+    #: Seconds a task request (a creation, ``tasks/get|update|cancel``) may
+    #: wait on the queue's Redis, whose client has no read timeout of its own.
+    deadline: float = 10.0
 
 
 def fleet_queue(
@@ -92,6 +103,7 @@ def fleet_queue(
     replica: str,
     redelivery_timeout: float,
     concurrency: int,
+    deadline: float = 10.0,
 ) -> FleetQueue:
     """The queue of ``fleet``: in its Redis, or in this process when standalone."""
     name = RedisKeys(fleet).tasks
@@ -106,6 +118,7 @@ def fleet_queue(
         worker_name=replica,
         redelivery_timeout=redelivery_timeout,
         concurrency=concurrency,
+        deadline=deadline,
     )
 
 
@@ -118,6 +131,7 @@ def fleet_queue_of(config: ReplicaConfig, replica: str) -> FleetQueue:
         replica=replica,
         redelivery_timeout=config.tasks_redelivery,
         concurrency=config.tasks_concurrency,
+        deadline=config.tasks_deadline,
     )
 
 
@@ -187,9 +201,15 @@ def install_tasks(app: Any, queue: FleetQueue) -> bool:
         minimum_check_interval=kept.minimum_check_interval if kept else None,
         credential_provider=queue.credential_provider,
     )
+    # Each task request waits on Redis within the deadline (the engine's client
+    # reads without a timeout: a stalled Redis would hold the request forever).
+    # Bound before registration, which takes the method handlers from methods().
+    for method in ("_handle_get", "_handle_update", "_handle_cancel"):
+        setattr(ours, method, bounded(getattr(ours, method), queue.deadline, "this request"))
     # FastMCP's registration replaces the predecessor's methods (tasks/get,
     # tasks/update, tasks/cancel) with ours; add_extension refuses a second one.
     app._install_extension(ours)
+    _bound_creation(queue.deadline)
     _scrub_stored_snapshots()
     # The queue logs each execution's key at INFO: a task id (all that guards a
     # task without auth) and, with auth, the caller's client id and subject.
@@ -204,6 +224,45 @@ def install_tasks(app: Any, queue: FleetQueue) -> bool:
         queue.concurrency,
     )
     return True
+
+
+def bounded(
+    call: Callable[..., Awaitable[T]], deadline: float, what: str
+) -> Callable[..., Awaitable[T]]:
+    """``call`` answering within ``deadline`` seconds, else an MCP error saying so."""
+
+    @functools.wraps(call)
+    async def within(*args: Any, **kwargs: Any) -> T:
+        try:
+            async with asyncio.timeout(deadline):
+                return await call(*args, **kwargs)
+        except TimeoutError:
+            raise MCPError(
+                code=INTERNAL_ERROR,
+                message=(
+                    f"The task store did not answer within {deadline:g} s; the outcome of "
+                    f"{what} is unknown: retry tasks/get"
+                ),
+            ) from None
+
+    setattr(within, _BOUNDED, True)
+    return within
+
+
+_BOUNDED = "_mcpfleet_bounded"
+
+
+def _bound_creation(deadline: float) -> None:
+    """Bound the engine's task creation (a ``tools/call`` answered with a task) the same way.
+
+    The extension calls its module's ``create_task``; plain tool calls it passes
+    through are not bounded here. Idempotent (the first deadline stays).
+    """
+    extension: Any = importlib.import_module("fastmcp_tasks.extension")
+    if not getattr(extension.create_task, _BOUNDED, False):
+        extension.create_task = bounded(
+            extension.create_task, deadline, "the task's creation (it may exist)"
+        )
 
 
 def _scrub_stored_snapshots() -> None:

@@ -11,6 +11,7 @@ its own. Runs where the [tasks] extra is installed (``make test-tasks``).
 from __future__ import annotations
 
 import itertools
+import signal
 import statistics
 import time
 from collections import Counter
@@ -382,3 +383,38 @@ def test_tasks_run_with_the_replica_under_exactly_its_acl_rules(
             assert {r["status"] for r in final.values()} == {"completed"}
     finally:
         server.stop()
+
+
+def test_a_stalled_redis_answers_task_requests_within_the_deadline(
+    tmp_path: Path, request: pytest.FixtureRequest, http: httpx.Client
+) -> None:
+    """The engine reads Redis without a timeout; the fleet bounds each task request."""
+    deadline = 2.0
+    options = FleetOptions(
+        app=APP,
+        replicas=1,
+        env={"MCPFLEET_TEST_EFFECTS": str(tmp_path / "effects")},
+        replica_args=("--tasks-deadline", str(deadline)),
+    )
+    with local_fleet(tmp_path, options) as lf, watched(request, lf):
+        (replica,) = lf.members.values()
+        url = f"{replica.url}/mcp"
+        made = create(http, url, "double", {"n": 4})
+        task_id = made.result["taskId"]
+        assert wait_final(http, url, [task_id], None, timeout=15)[task_id]["status"] == "completed"
+        assert lf.redis is not None
+        lf.redis.signal(signal.SIGSTOP)
+        try:
+            for call in (
+                lambda: task(http, url, "tasks/get", task_id),
+                lambda: create(http, url, "double", {"n": 5}),
+            ):
+                started = time.monotonic()
+                answer = call()
+                took = time.monotonic() - started
+                assert answer.error is not None, answer.body
+                assert "did not answer within 2 s" in answer.error["message"], answer.body
+                assert deadline <= took < deadline + 2.0, took
+        finally:
+            lf.redis.signal(signal.SIGCONT)
+        assert status_of(http, url, task_id, None)["status"] == "completed"

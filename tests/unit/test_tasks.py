@@ -223,3 +223,24 @@ def test_the_engines_snapshots_are_scrubbed_before_its_codec_encodes_them() -> N
     stored = codec.encode(snapshot())
     assert BEARER not in stored and "sid=1" not in stored
     assert json.loads(codec.decode(stored))["owning_tool_name"] == "double"
+
+
+async def test_a_bounded_call_answers_within_its_deadline_saying_the_outcome_is_unknown() -> None:
+    import asyncio
+
+    from mcp.shared.exceptions import MCPError
+
+    from mcpfleet.tasks import bounded
+
+    async def stalled() -> int:
+        await asyncio.sleep(30)
+        return 1
+
+    async def quick(n: int) -> int:
+        return n
+
+    assert await bounded(quick, 1.0, "this request")(2) == 2
+    with pytest.raises(
+        MCPError, match=r"did not answer within 0\.05 s; the outcome of x is unknown"
+    ):
+        await bounded(stalled, 0.05, "x")()
