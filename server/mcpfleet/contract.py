@@ -196,7 +196,7 @@ class RedisKeys:
 #: (XADD, XREAD, XREADGROUP, XAUTOCLAIM, XCLAIM, XACK, XDEL, XLEN, XGROUP, XPENDING),
 #: scheduling and worker registry (sorted sets, sets, hashes), results and
 #: the engine's task records (strings with TTLs), its Lua scripts (SCRIPT
-#: LOAD, EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE).
+#: LOAD and EXISTS, never FLUSH; EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE).
 TASK_QUEUE_COMMANDS: tuple[str, ...] = (
     "xadd", "xread", "xreadgroup", "xautoclaim", "xclaim", "xack", "xdel", "xlen", "xgroup",
     "xpending", "xinfo", "xrange",
@@ -205,7 +205,8 @@ TASK_QUEUE_COMMANDS: tuple[str, ...] = (
     "hset", "hget", "hgetall", "hdel", "hexists", "hincrby", "hmget",
     "set", "setex", "get", "mget", "exists", "expire", "pexpire", "ttl", "pttl", "del",
     "unlink", "incr",
-    "multi", "exec", "eval", "evalsha", "script",
+    "multi", "exec", "eval", "evalsha", "script|load",
+    "script|exists",
     "publish", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
     "info",
 )  # fmt: skip

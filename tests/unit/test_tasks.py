@@ -152,6 +152,8 @@ def test_the_replicas_queue_rules_are_a_selector_on_the_queues_keys_and_channels
     assert [r.rstrip(")") for r in selector if r.startswith("+")] == [
         f"+{c}" for c in TASK_QUEUE_COMMANDS
     ]
+    # Lua scripts are loaded, never flushed (SCRIPT FLUSH has no key to scope it).
+    assert "+script|load" in selector and "+script" not in selector
     # The routes and the once-ledger gain no command from the queue.
     assert "+xadd" not in root and "+hset" not in root
     assert not [r for r in root if "tasks" in r]
