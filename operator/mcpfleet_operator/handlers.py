@@ -212,7 +212,7 @@ def _keyring_report(t: Tick, ring_spec: KeyRingSpec, current: secretring.RingSec
         t.metrics.set_phase(t.namespace, t.name, "pending" if pending else "idle")
         t.metrics.stalled.labels(t.namespace, t.name).set(0)
     if not redis_error:
-        t.rt.nudge(pods, current.resource_version, conv.lagging)
+        t.rt.refresh_volumes(pods, current.resource_version, conv.lagging)
     if ring_spec.rotate_every is not None:
         due = schedule(
             ring_spec.rotate_every,
@@ -242,7 +242,7 @@ def _start_scheduled(t: Tick, rotation_name: str) -> None:
 @kopf.on.delete(GROUP, VERSION, KEYRINGS, optional=True)
 def keyring_deleted(name: str, namespace: str | None, memo: Runtime, **_: Any) -> None:
     """The Secret stays (deleting keys would break every replica); only metrics go."""
-    memo.metrics.forget(_namespaced(namespace), name)
+    memo.metrics.forget_keyring(_namespaced(namespace), name)
 
 
 # --------------------------------------------------------------------------- KeyRotation
@@ -292,7 +292,7 @@ def rotation_deleted(
     key_ring = str(t.spec.get("keyRing", ""))
     ring_spec = t.keyring_spec(key_ring)
     if phase in TERMINAL_PHASES or isinstance(ring_spec, str):
-        memo.forget(t.uid)
+        memo.forget_clock(t.uid)
         return
     with memo.lock(t.namespace, key_ring):
         action = _abort_if_unpromoted(t, key_ring, ring_spec)
@@ -307,7 +307,7 @@ def rotation_deleted(
             raise kopf.TemporaryError("finishing the rotation before deletion", delay=ROTATION_TICK)
         return
     t.metrics.rotation_ended(t.namespace, key_ring, "aborted")
-    memo.forget(t.uid)
+    memo.forget_clock(t.uid)
 
 
 def _abort_if_unpromoted(t: Tick, key_ring: str, ring_spec: KeyRingSpec) -> DeleteAction:
@@ -320,7 +320,7 @@ def _abort_if_unpromoted(t: Tick, key_ring: str, ring_spec: KeyRingSpec) -> Dele
         written = secretring.write_step(t.rt.core, current, "abort", owner=(t.name, t.uid))
         assert written.ring is not None
         t.metrics.secret_writes.labels(t.namespace, key_ring, "abort").inc()
-        t.rt.nudge(t.rt.pods(t.namespace, ring_spec.selector), written.resource_version)
+        t.rt.refresh_volumes(t.rt.pods(t.namespace, ring_spec.selector), written.resource_version)
         t.event(
             "Aborted", f"deleted before promotion: the ring is back to {list(written.ring.kids)}"
         )

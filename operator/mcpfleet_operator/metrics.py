@@ -95,7 +95,7 @@ class OperatorMetrics:
         self.replicas.labels(namespace, keyring, "desired").set(desired)
         self.replicas.labels(namespace, keyring, "converged").set(converged)
 
-    def forget(self, namespace: str, keyring: str) -> None:
+    def forget_keyring(self, namespace: str, keyring: str) -> None:
         """Drop a deleted KeyRing's gauge series; its counters are kept."""
         for gauge_phase in GAUGE_PHASES:
             _remove(self.rotation_phase, (namespace, keyring, gauge_phase))

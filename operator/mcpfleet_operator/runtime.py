@@ -121,7 +121,7 @@ class Runtime:
         with self._guard:
             return self._clocks.setdefault(uid, Clock())
 
-    def forget(self, uid: str) -> None:
+    def forget_clock(self, uid: str) -> None:
         with self._guard:
             self._clocks.pop(uid, None)
 
@@ -138,7 +138,9 @@ class Runtime:
         replicas = read_replicas_sync(self.redis_client, RedisKeys(fleet))
         return {n: a.kids for n, a in replicas.items()}
 
-    def nudge(self, pods: Iterable[k8s.V1Pod], version: str, only: Iterable[str] = ()) -> None:
+    def refresh_volumes(
+        self, pods: Iterable[k8s.V1Pod], version: str, only: Iterable[str] = ()
+    ) -> None:
         """Bump the nudge annotation so each kubelet refreshes the Secret volume now."""
         wanted = set(only)
         for pod in pods:

@@ -177,26 +177,5 @@ def write_step(
     return replace(core, current, ring, owner=owner)
 
 
-def apply_step(
-    core: k8s.CoreV1Api,
-    namespace: str,
-    name: str,
-    step: str,
-    *,
-    owner: tuple[str, str] | None = None,
-) -> KeyRing:
-    """Read the Secret, then :func:`write_step`: one read-modify-write."""
-    if step not in STEPS:
-        raise ValueError(f"unknown rotation step {step!r}")
-    current = read(core, namespace, name)
-    if current is None:
-        raise KeyRingError(f"secret {namespace}/{name} does not exist")
-    if current.ring is None:
-        raise KeyRingError(f"secret {namespace}/{name}: {current.error}")
-    written = write_step(core, current, step, owner=owner)
-    assert written.ring is not None, "a ring just written parses"
-    return written.ring
-
-
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()

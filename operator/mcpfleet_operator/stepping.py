@@ -107,7 +107,7 @@ def _step(
     decision = decide(observed)
     if decision.action not in secretring.STEPS:
         if decision.lagging:
-            t.rt.nudge(pods, current.resource_version, decision.lagging)
+            t.rt.refresh_volumes(pods, current.resource_version, decision.lagging)
         return decision, conv, kids
     try:
         written = secretring.write_step(t.rt.core, current, decision.action, owner=(t.name, t.uid))
@@ -118,7 +118,7 @@ def _step(
     t.metrics.secret_writes.labels(t.namespace, rot.key_ring, decision.action).inc()
     if decision.action == "stage":
         kids = {"oldKid": written.ring.kids[0], "newKid": written.ring.kids[1]}
-    t.rt.nudge(pods, written.resource_version)
+    t.rt.refresh_volumes(pods, written.resource_version)
     # Convergence from now on is on the ring just written (none attest it yet).
     return decision, converge(views(pods), attested, written.ring.kids), kids
 
@@ -180,7 +180,7 @@ def _record(
     keyring = rot.key_ring
     if phase == "Complete":
         t.metrics.rotation_ended(t.namespace, keyring, "complete")
-        t.rt.forget(t.uid)
+        t.rt.forget_clock(t.uid)
     else:
         t.metrics.set_phase(t.namespace, keyring, phase)
     stalled = _stall(t, keyring, decision, clock, now)

@@ -124,6 +124,9 @@ class RouterConfig:
     #: The deadline (s) of each Redis call on a request's path (a session lookup
     #: the cache cannot answer, a new session's route): past it, Redis is down.
     redis_deadline: float = DEFAULT_DEADLINE
+    #: Through Sentinel, how long (s) a session lookup the cache cannot answer
+    #: waits for a new master before the 503; covers a failover with down-after 1 s.
+    redis_failover_wait: float = DEFAULT_FAILOVER_WAIT
     attempts: int = 3
     #: Seconds the router lets requests and streams in flight finish after
     #: SIGTERM before it closes them (uvicorn's graceful shutdown); the chart

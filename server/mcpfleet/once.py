@@ -424,10 +424,13 @@ class RedisLedger:
             what = str(exc) or f"no answer within {self.deadline:g}s"
             raise LedgerUnavailable(f"Redis: {type(exc).__name__}: {what}") from None
 
-    def _check_memory(self) -> None:
-        """Ask Redis how full it is, now and then, off the request's path."""
+    def _check_memory(self, *, always: bool = False) -> None:
+        """Ask Redis how full it is, now and then, off the request's path (with no limit,
+        only when ``always``: the watcher reports the share whatever the limit)."""
         now = time.monotonic()
-        if self.memory_limit <= 0 or now - self._memory_checked < MEMORY_CHECK_INTERVAL:
+        if self.memory_limit <= 0 and not always:
+            return
+        if now - self._memory_checked < MEMORY_CHECK_INTERVAL:
             return
         if self._memory_task is not None and not self._memory_task.done():
             return
@@ -460,7 +463,7 @@ class RedisLedger:
         """Read Redis's memory every ``interval`` seconds until cancelled; report the share."""
         while True:
             self._memory_checked = 0.0
-            self._check_memory()
+            self._check_memory(always=True)
             if self._memory_task is not None:
                 await asyncio.gather(self._memory_task, return_exceptions=True)
             observe(self.memory_share)

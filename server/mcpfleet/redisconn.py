@@ -38,6 +38,7 @@ wait is bounded whatever the client does inside it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,6 +50,8 @@ from urllib.parse import unquote
 if TYPE_CHECKING:  # redis itself is imported when a client is built: config stays light
     import redis
     import redis.asyncio as aioredis
+
+log = logging.getLogger("mcpfleet.redis")
 
 #: Every scheme a Redis URL may have.
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
@@ -666,7 +669,8 @@ async def ride_through(
     failover in progress: the step is tried again, every
     :data:`FAILOVER_PAUSE` seconds, until it succeeds or ``failover_wait``
     seconds have passed since the first try, then the last error is raised.
-    Any other error (a refusal by Redis: NOPERM, OOM) is raised at once.
+    Any other error (a refusal by Redis: NOPERM, OOM), and a full connection
+    pool (:func:`pool_full`: this process is busy), is raised at once.
     ``step`` must be safe to send twice (the once ledger's claim carries a
     token that recognises its own record).
     """
@@ -686,9 +690,9 @@ async def ride_through(
     while True:
         try:
             return await within(deadline, step())
-        except (RedisConnectionError, RedisTimeout, OSError):
-            if time.monotonic() + FAILOVER_PAUSE >= limit:
-                raise
+        except (RedisConnectionError, RedisTimeout, OSError) as exc:
+            if pool_full(exc) or time.monotonic() + FAILOVER_PAUSE >= limit:
+                raise  # a full pool is this process busy, not a failover
         await asyncio.sleep(FAILOVER_PAUSE)
 
 
@@ -706,6 +710,29 @@ def version_error(info: dict[str, Any]) -> str | None:
             "(SET NX GET for once-flows, PEXPIRE GT)"
         )
     return None
+
+
+class RedisTooOld(RuntimeError):
+    """The fleet's Redis lacks a command mcpfleet needs; the message says which version."""
+
+
+async def check_version(client: Any, deadline: float) -> None:
+    """Refuse to start on a Redis older than 7.0; a Redis that does not answer is let be.
+
+    An unreachable Redis is an outage the replica and the router serve through
+    (they retry in the background); a Redis that answers with too old a
+    version would fail every once-flow's claim and the routes' expiry
+    updates, so the process says so at start and exits.
+    """
+    try:
+        info = await within(deadline, client.info("server"))
+    except Exception as exc:
+        log.warning("Redis version not checked (%s): it is checked again at the next start", exc)
+        return
+    problem = version_error(info)
+    if problem is not None:
+        log.error("%s", problem)
+        raise RedisTooOld(problem)
 
 
 def _sentinel_kwargs(conn: dict[str, Any]) -> dict[str, Any]:
@@ -812,8 +839,10 @@ __all__: Sequence[str] = (
     "RedisConfigError",
     "RedisFiles",
     "RedisSettings",
+    "RedisTooOld",
     "RedisURL",
     "async_client",
+    "check_version",
     "describe",
     "fail_fast_retry",
     "from_args",

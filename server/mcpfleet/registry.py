@@ -175,7 +175,7 @@ class Publisher:
         )
         return written
 
-    def nudge(self) -> None:
+    def publish_soon(self) -> None:
         """Publish now (a state or ring change) rather than at the next tick."""
         self._wake.set()
 

@@ -22,8 +22,8 @@ from fleetkit import scenarios
 from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.controlplane import wait_for
 from fleetkit.providers import Cluster
+from mcpfleet.client import Trace, connect
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
-from mcpfleet.dev.demo import Trace, connect
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -34,7 +34,7 @@ from fleetkit.chartfleet import ChartFleet, ready
 from fleetkit.controlplane import wait_for
 from fleetkit.providers import Cluster
 from fleetkit.traffic import traffic
-from mcpfleet.dev.demo import Trace, connect
+from mcpfleet.client import Trace, connect
 
 pytestmark = pytest.mark.timeout(1200)
 

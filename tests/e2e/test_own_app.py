@@ -31,7 +31,7 @@ from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.chartkit import CHART, OWN_APP_VALUES
 from fleetkit.controlplane import repo_root, tools_bin_dir, wait_for
 from fleetkit.providers import Cluster
-from mcpfleet.dev.demo import Era, Trace, connect
+from mcpfleet.client import Era, Trace, connect
 from mcpfleet.selftest import selftest
 
 pytestmark = pytest.mark.timeout(900)

@@ -1,4 +1,4 @@
-"""The Redis master SIGKILLed under once-flow load, through three Sentinels: no failure.
+"""The Redis master SIGKILLed through three Sentinels: no booking fails, no session is lost.
 
 The rig is :func:`fleetkit.failover.sentinel_fleet` (master, one replica, three
 sentinels with down-after 1 s and failover-timeout 5 s, quorum 2; two replicas
@@ -8,18 +8,29 @@ Users book flights (the example app's ``book_flight``, whose final round is
 once claim rides through the failover (``--redis-failover-wait``, 8 s): no
 booking may fail. Printed: how long Sentinel took to promote the replica, and
 the slowest booking (its final round waited for the new master).
+
+Second: sessions opened through router 0, then the master killed and each
+session's next request sent through router 1, which never saw them: its
+lookup (no cache can answer) rides through the failover (the router's
+``--redis-failover-wait``, 8 s) and reaches the session's owner; before, each
+got a 503 until the new master answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from fleetkit.failover import sentinel_fleet
+from fleetkit.failover import FLEET, HEADERS, sentinel_fleet
+from fleetkit.wire import initialize_body
 from mcpfleet.client import connect
+from mcpfleet.contract import SESSION_HEADER, RedisKeys
+from mcpfleet.dev.wait import wait_for
 
 from .conftest import FaultTable
 
@@ -84,6 +95,50 @@ async def test_a_master_killed_under_once_flow_load_fails_no_booking(
         row.notes = f"failover (promotion) {promoted:.2f}s; worst booking {max(took):.2f}s"
         print(f"failover: promoted after {promoted:.2f}s; worst of {len(took)}: {max(took):.2f}s")
         assert failures == [], failures
+
+
+@pytest.mark.timeout(120)
+async def test_a_session_no_router_cached_is_served_through_a_failover(
+    tmp_path: Path, fault_table: FaultTable
+) -> None:
+    with sentinel_fleet(tmp_path) as setup:
+        lf, keys = setup.fleet, RedisKeys(FLEET)
+        async with httpx.AsyncClient(timeout=30) as http:
+            owners: dict[str, str] = {}
+            for _ in range(4):
+                resp = await http.post(
+                    lf.router_url(0), content=initialize_body("lookup"), headers=HEADERS
+                )
+                assert resp.status_code == 200, resp.text
+                owners[resp.headers[SESSION_HEADER]] = resp.headers["x-mcpfleet-replica"]
+
+            def replicated() -> bool:
+                with contextlib.closing(setup.replica.admin()) as on_replica:
+                    return all(on_replica.get(keys.session(s)) for s in owners)
+
+            wait_for(replicated, timeout=10, what="the routes on the replica")
+            killed = time.monotonic()
+            await asyncio.to_thread(setup.master.kill)
+
+            async def ping(session: str) -> tuple[int, str, float]:
+                body = '{"jsonrpc":"2.0","id":9,"method":"ping"}'
+                resp = await http.post(
+                    lf.router_url(1), content=body, headers={**HEADERS, SESSION_HEADER: session}
+                )
+                took = time.monotonic() - killed
+                return resp.status_code, resp.headers.get("x-mcpfleet-replica", ""), took
+
+            answers = await asyncio.gather(*(ping(s) for s in owners))
+        served = [
+            a for a, owner in zip(answers, owners.values(), strict=True) if a[:2] == (200, owner)
+        ]
+        row = fault_table.row("Redis master SIGKILL via Sentinel (uncached session lookups)")
+        row.attempts = len(answers)
+        row.lost = len(answers) - len(served)
+        row.worst_seconds = max(a[2] for a in answers)
+        row.notes = f"sessions via the router that never saw them: {[a[0] for a in answers]}"
+        print(f"uncached lookups through a failover: {answers}")
+        assert len(served) == len(answers), answers
 
 
 def _promoted(setup: object) -> bool:

@@ -1,13 +1,15 @@
-"""Redis filled near its maxmemory: once-flows refused, everything else keeps working.
+"""Once-results filling Redis toward its maxmemory: once-flows refused, the fleet keeps working.
 
-A real Redis under a small ``maxmemory`` (``noeviction``, Redis's default),
-filled by another tenant to ~90% of it: past ``--once-memory-limit`` (80%)
-every replica refuses **new** once-flows with the retryable "ledger is full"
-error (``finish`` never runs), while the memory the fleet needs to live is
-still there: new sessions open through the router (their routes are written),
-plain tools answer, heartbeats go on (every replica stays in the registry
-past its heartbeat TTL). Once the memory is freed, the same final round sent
-again completes and ``finish`` runs once.
+A real Redis under a small ``maxmemory`` (``noeviction``, Redis's default, as
+the chart sets it). Once-flows whose results are 60 KiB each fill it: past
+``--once-memory-limit`` (80%) every replica refuses **new** once-flows with the
+retryable "ledger is full" error (``finish`` never runs), while the memory
+the fleet needs to live is still there: new sessions open through the router
+(their routes are written), plain tools answer, heartbeats go on (every
+replica stays in the registry past its heartbeat TTL). Once the memory is
+there again (here: ``maxmemory`` raised, as an operator would; in time, the
+results expire), the same final round sent again completes and ``finish``
+runs once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from fleetkit.onceapp import EFFECTS_ENV
 from fleetkit.wire import Answer, initialize_body
 from mcpfleet.contract import HEARTBEAT_TTL, SESSION_HEADER, RedisKeys
@@ -29,14 +31,14 @@ from mcpfleet.dev.wait import wait_for
 from mcpfleet.registry import read_replicas_sync
 
 from .conftest import FaultTable
-from .oncewire import ask, charged, count, final
+from .oncewire import ask, count, final
 
-FILLER = "tenant:filler:"
-CHUNK = 64 * 1024
+RECEIPT = 60 * 1024
+HEADROOM = 4 * 1024 * 1024
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[LocalFleet, Path]]:
+def fleet(tmp_path: Path) -> Iterator[tuple[ProcessFleet, Path]]:
     effects = tmp_path / "effects.log"
     options = FleetOptions(
         app="fleetkit.onceapp:app", replicas=2, fleet="fullredis", env={EFFECTS_ENV: str(effects)}
@@ -63,42 +65,57 @@ def full(answer: Answer) -> bool:
     return (err.get("data") or {}).get("reason") == "full"
 
 
-@pytest.mark.timeout(120)
-def test_a_redis_near_its_maxmemory_refuses_new_once_flows_and_keeps_the_fleet(
-    fleet: tuple[LocalFleet, Path], fault_table: FaultTable, watch_fleet: list[LocalFleet]
+def charged(answer: Answer, order: str) -> bool:
+    content = answer.result.get("content") or [{}]
+    return answer.status == 200 and str(content[0].get("text", "")).startswith(f"{order}: charged")
+
+
+@pytest.mark.timeout(180)
+def test_once_results_filling_redis_refuse_new_once_flows_and_keep_the_fleet(
+    fleet: tuple[ProcessFleet, Path], fault_table: FaultTable, watch_fleet: list[LocalFleet]
 ) -> None:
     lf, effects = fleet
     watch_fleet.append(lf)
-    replica = f"{lf.members['replica-0'].url}/mcp"
+    urls = [f"{m.url}/mcp" for m in lf.members.values()]
     client = redis.Redis(host="127.0.0.1", port=lf.redis_port, socket_timeout=2)
     keys = RedisKeys(lf.fleet)
-    row = fault_table.row("Redis at ~90% of maxmemory (once limit 80%)")
+    row = fault_table.row("once-results filling Redis (maxmemory, once limit 80%)")
+
+    def once_flow(url: str, order: str) -> Answer:
+        state = ask(url, order, "charge_receipt", size=RECEIPT)
+        sent = time.monotonic()
+        answer = final(url, order, state, "charge_receipt", size=RECEIPT)
+        row.answered(sent)
+        row.attempts += 1
+        return answer
+
     try:
-        used = int(client.info("memory")["used_memory"])
-        client.config_set("maxmemory", used + 8 * 1024 * 1024)
-        n = 0
-        while share(client) < 0.9:
-            client.set(f"{FILLER}{n}", b"x" * CHUNK)
-            n += 1
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + HEADROOM)
+        # Fill with once-results until a replica refuses (its watcher reads Redis each second).
+        stored = 0
+        while True:
+            order = f"fill-{stored}"
+            answer = once_flow(urls[stored % len(urls)], order)
+            if full(answer):
+                break
+            assert charged(answer, order), answer.body
+            stored += 1
+            assert stored < 400, f"no refusal with Redis {share(client):.0%} full"
         filled = share(client)
-        # Each replica reads Redis's memory once a second, off the request path.
-        started = time.monotonic()
+        refused_order = order
+        assert count(effects, refused_order) == 0, "finish ran while the ledger was full"
+        assert (answer.error or {}).get("data", {}).get("retryable") is True, answer.body
+
+        # Every replica refuses once it has read the memory, not only the one that did.
         for member in lf.members.values():
             wait_for(
-                lambda m=member: memory_ratio(m.url) >= 0.8,
+                lambda m=member: memory_ratio(m.url) >= 0.8,  # type: ignore[misc]
                 timeout=10,
                 what=f"{member.name} to see Redis {filled:.0%} full",
             )
-        seen = time.monotonic() - started
-        state = ask(replica, "full-1")  # the asking round keeps nothing in Redis
-        for member in lf.members.values():
-            sent = time.monotonic()
-            answer = final(f"{member.url}/mcp", "full-1", state)
-            row.answered(sent)
-            row.attempts += 1
-            assert full(answer), answer.body
-            assert (answer.error or {}).get("data", {}).get("retryable") is True, answer.body
-        assert count(effects, "full-1") == 0, "finish ran while the ledger was full"
+        refusals = [once_flow(url, f"refused-{i}") for i, url in enumerate(urls)]
+        assert all(full(a) for a in refusals), [a.body for a in refusals]
+        assert all(count(effects, f"refused-{i}") == 0 for i in range(len(urls)))
 
         # The fleet lives: a new session through the router, a plain tool, heartbeats.
         with httpx.Client(timeout=10) as http:
@@ -113,36 +130,34 @@ def test_a_redis_near_its_maxmemory_refuses_new_once_flows_and_keeps_the_fleet(
             assert resp.status_code == 200, resp.text
             session = resp.headers[SESSION_HEADER]
         assert client.get(keys.session(session)) is not None, "the new session's route"
-        plain_state = ask(replica, "plain-1", "charge_plain")
-        plain = final(replica, "plain-1", plain_state, "charge_plain")
+        plain_state = ask(urls[0], "plain-1", "charge_plain")
+        plain = final(urls[0], "plain-1", plain_state, "charge_plain")
         assert plain.status == 200 and not plain.error, plain.body
         time.sleep(HEARTBEAT_TTL + 1)
-        assert set(read_replicas_sync(client, keys)) == {"replica-0", "replica-1"}
+        assert set(read_replicas_sync(client, keys)) == set(lf.members)
         assert share(client) < 1.0
 
-        # Freed: the same round sent again completes, once.
-        for k in client.scan_iter(match=f"{FILLER}*", count=1000):
-            client.delete(k)
-        after: list[Answer] = []
+        # Room again: the refused round sent again completes, once.
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 8 * HEADROOM)
+        freed = time.monotonic()
+        again = ask(urls[0], refused_order, "charge_receipt", size=RECEIPT)
 
         def completes() -> bool:
-            sent = time.monotonic()
-            after.append(final(replica, "full-1", state))
-            row.answered(sent)
-            row.attempts += 1
-            return charged(after[-1], "full-1")
+            return charged(
+                final(urls[0], refused_order, again, "charge_receipt", size=RECEIPT),
+                refused_order,
+            )
 
-        freed = time.monotonic()
         wait_for(completes, timeout=10, interval=0.3, what="once-flows to be accepted again")
         back = time.monotonic() - freed
-        runs = count(effects, "full-1")
+        runs = count(effects, refused_order)
         row.double_runs = max(0, runs - 1)
         row.lost = 0 if runs == 1 else 1
         row.notes = (
-            f"filled to {filled:.0%}; every replica saw it within {seen:.2f}s; "
-            f"accepted again {back:.2f}s after freeing"
+            f"{stored} results of 60 KiB stored, refused at {filled:.0%}; "
+            f"accepted again {back:.2f}s after maxmemory was raised"
         )
-        print(f"redis full: {row.notes}")
+        print(f"once-results filling Redis: {row.notes}")
         assert runs == 1
     finally:
         client.config_set("maxmemory", 0)

@@ -14,7 +14,7 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import modern_call
-from mcpfleet.dev.demo import Trace, connect, default_answer
+from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 

@@ -30,7 +30,7 @@ from mcp_types import ElicitResult
 from fleetkit import monitoring, scenarios
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import initialize_body, modern_call
-from mcpfleet.dev.demo import connect
+from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.localprom import LocalPrometheus
 from mcpfleet.dev.wait import wait_for

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.dev.demo import Trace, connect
+from mcpfleet.client import Trace, connect
 from mcpfleet.dev.fleet import LocalFleet
 
 from .conftest import shared

@@ -410,7 +410,7 @@ def test_a_stalled_body_gets_a_json_rpc_408(impatient_fleet: LocalFleet) -> None
 async def test_a_stream_outlives_the_header_and_body_deadlines(
     impatient_fleet: LocalFleet,
 ) -> None:
-    from mcpfleet.dev.demo import connect
+    from mcpfleet.client import connect
 
     async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
         result = await client.call_tool("ticker", {"count": 4, "interval": 1.0})

@@ -19,8 +19,8 @@ import redis
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.traffic import Traffic
 from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
+from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
-from mcpfleet.dev.demo import Trace, connect, default_answer
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit.fleet import DEVKIT_DIR, FleetOptions, diagnostics, local_fleet, running
+from fleetkit.fleet import DEVKIT_DIR, FleetOptions, ProcessFleet, diagnostics, local_fleet, running
 from fleetkit.jwtkit import TokenIssuer
-from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.selftest import metadata_url, selftest
 
 VENV_BIN = Path(sys.executable).parent
 
 
 def test_selftest_initializes_and_lists_tools_in_each_era_through_the_router(
-    fleet: LocalFleet,
+    fleet: ProcessFleet,
 ) -> None:
     out = subprocess.run(
         [str(VENV_BIN / "mcpfleet"), "selftest", fleet.url],
@@ -39,7 +38,7 @@ def test_selftest_initializes_and_lists_tools_in_each_era_through_the_router(
     assert count >= 5 and handshake.endswith(f"; {count} tools")
 
 
-async def test_selftest_fails_when_the_fleet_does_not_answer(fleet: LocalFleet) -> None:
+async def test_selftest_fails_when_the_fleet_does_not_answer(fleet: ProcessFleet) -> None:
     lines: list[str] = []
     dead = fleet.url.replace(str(fleet.router_ports[0]), "9")
     assert await selftest(dead, lines.append) == 1
@@ -79,7 +78,7 @@ async def test_selftest_with_an_auth_app_sees_the_401_and_its_metadata_in_each_e
     # The public URL is the router's behind some Ingress: not reachable from here.
     env = issuer.app_env(key, "https://mcp.example.com")
     own_app = Path(__file__).resolve().parents[2] / "deploy" / "own-app"
-    fleet = LocalFleet(
+    fleet = ProcessFleet(
         tmp_path / "fleet",
         replicas=2,
         app="ownapp.server:mcp",

@@ -13,7 +13,7 @@ import pytest
 
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.wire import MODERN, MODERN_META
-from mcpfleet.dev.demo import connect
+from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 

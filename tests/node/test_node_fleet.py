@@ -30,8 +30,8 @@ from fleetkit.nodefleet import (
     node_diagnostics,
     node_fleet,
 )
+from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
-from mcpfleet.dev.demo import Trace, connect, default_answer
 
 from .conftest import NODE_START_TIMEOUT
 

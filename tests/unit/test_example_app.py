@@ -8,7 +8,7 @@ import pytest
 from fastmcp import Client
 from mcp_types import ElicitResult
 
-from mcpfleet.dev.demo import default_answer
+from mcpfleet.client import default_answer
 from mcpfleet.example.app import app
 
 ERAS = ["auto", "legacy"]

@@ -13,7 +13,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mcpfleet import PrometheusMiddleware
-from mcpfleet.dev.demo import default_answer
+from mcpfleet.client import default_answer
 from mcpfleet.example.app import app
 
 MODERN, HANDSHAKE = "auto", "legacy"

@@ -499,3 +499,20 @@ async def test_claims_left_by_an_outage_are_released_by_one_task_one_at_a_time()
     await settle()
     assert ledger.most == 1
     assert [await ledger.get(flow) for flow in flows] == [None] * 40
+
+
+async def test_the_memory_share_is_reported_with_the_limit_off_and_refuses_nothing() -> None:
+    class Half(RetriedReply):
+        async def info(self, section: str) -> dict[str, int]:
+            return {"used_memory": 50, "maxmemory": 100}
+
+    ledger = RedisLedger(Half(), RedisKeys("f"), memory_limit=0)
+    seen: list[float] = []
+    watcher = asyncio.ensure_future(ledger.watch_memory(seen.append, interval=0.01))
+    try:
+        while not seen:
+            await asyncio.sleep(0.01)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    assert seen[0] == 0.5 and not ledger.full

@@ -277,8 +277,10 @@ def test_every_secret_write_carries_the_version_it_read_and_a_stale_one_is_refus
     )
     core: Any = store
     stale = secretring.read(core, "ns", "s")
-    staged = secretring.apply_step(core, "ns", "s", "stage", owner=("rot", "uid-1"))
-    assert store.writes == ["7"] and staged.kids[0] == ring.kids[0]
+    current = secretring.read(core, "ns", "s")
+    assert current is not None
+    staged = secretring.write_step(core, current, "stage", owner=("rot", "uid-1")).ring
+    assert store.writes == ["7"] and staged is not None and staged.kids[0] == ring.kids[0]
     now = secretring.read(core, "ns", "s")
     assert now is not None and now.owner == ("rot", "uid-1") and now.view().phase == "staged"
     assert stale is not None and stale.ring is not None
@@ -286,7 +288,7 @@ def test_every_secret_write_carries_the_version_it_read_and_a_stale_one_is_refus
         secretring.replace(core, stale, stale.ring.stage())
     assert store.writes == ["7"], "the stale write changed nothing"
     with pytest.raises(ValueError, match="unknown rotation step"):
-        secretring.apply_step(core, "ns", "s", "explode")
+        secretring.write_step(core, current, "explode")
 
 
 def test_the_keyrotation_manifest_is_labelled_and_named_one_way() -> None:

@@ -417,3 +417,27 @@ async def test_a_late_reply_is_asked_again_within_the_deadline_on_a_plain_redis(
     with pytest.raises(ConnectionRefusedError):
         await redisconn.ride_through(plain, refused, deadline=2.0, failover_wait=8.0)
     assert len(tries) == 1  # a Redis that is gone fails at once
+
+
+async def test_a_full_pool_is_not_ridden_through_as_a_failover() -> None:
+    """Through Sentinel a connection error may be a failover and is asked again; a full
+    pool is this process busy: raised at once, so the caller answers 'busy' at once."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from mcpfleet.redisconn import pool_full, ride_through
+
+    class Sentinelled:
+        connection_pool = type("Pool", (), {"get_master_address": None})()
+
+    calls: list[int] = []
+
+    async def busy() -> None:
+        calls.append(1)
+        try:
+            raise TimeoutError
+        except TimeoutError as exc:
+            raise RedisConnectionError("No connection available.") from exc
+
+    with pytest.raises(RedisConnectionError) as err:
+        await ride_through(Sentinelled(), busy, deadline=1.0, failover_wait=5.0)
+    assert pool_full(err.value) and calls == [1]

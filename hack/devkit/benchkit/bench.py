@@ -28,8 +28,9 @@ from benchkit.hotpath import measure_hot_path
 from benchkit.loadgen import children
 from benchkit.profilebench import router_cpu_rows
 from benchkit.targets import Figures, target_rows
+from fleetkit.fleet import ProcessFleet
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
-from mcpfleet.dev.demo import connect
+from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.codec import ReloadableCodec
@@ -314,7 +315,7 @@ async def death_to_404(lf: LocalFleet) -> float:
                 return time.perf_counter() - killed
 
 
-def rotation_convergence(lf: LocalFleet) -> float:
+def rotation_convergence(lf: ProcessFleet) -> float:
     """Seconds from writing one ring step until every replica attests it."""
     t = time.perf_counter()
     ring = lf.rotate_step("stage")
@@ -339,7 +340,7 @@ async def measure(quick: bool, results: Figures, scale_only: bool = False) -> li
     secs = 3.0 if quick else 8.0
     rows: list[Row] = []
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-"))
-    lf = LocalFleet(work, replicas=3, fleet="bench")
+    lf = ProcessFleet(work, replicas=3, fleet="bench")
     lf.start()
     nginx = None
     try:

@@ -40,9 +40,9 @@ import redis
 from benchkit.hotpath import DIRECT, ROUTER
 from benchkit.loadgen import WrkResult, run_wrk
 from benchkit.targets import Figures
+from fleetkit.fleet import ProcessFleet
 from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.contract import RedisKeys
-from mcpfleet.dev.fleet import LocalFleet
 
 Row = tuple[str, str, str, str]
 HANDSHAKE = "2025-11-25"
@@ -262,7 +262,7 @@ async def measure_sessions(quick: bool, figures: Figures, sessions: int = 1000) 
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-sessions-"))
     # Heartbeats every 60 s (not 1 s) keep the background small against the paths'
     # counts; it is measured and subtracted all the same, and no path depends on it.
-    lf = LocalFleet(
+    lf = ProcessFleet(
         work,
         replicas=3,
         routers=2,
@@ -445,7 +445,7 @@ async def measure_sessions(quick: bool, figures: Figures, sessions: int = 1000) 
 
 
 def _latency_while_open(
-    lf: LocalFleet, router: str, held: Sequence[Held], quick: bool, watch: dict[str, list[int]]
+    lf: ProcessFleet, router: str, held: Sequence[Held], quick: bool, watch: dict[str, list[int]]
 ) -> dict[str, WrkResult]:
     """Sticky pings (replica-0's sessions) and modern rounds: router vs replica-0, wrk."""
     owner = "replica-0"

@@ -1,6 +1,6 @@
 """The control-plane backend of the ``Fleet`` interface: the key ring in a real Secret.
 
-:class:`ControlPlaneFleet` is a :class:`~mcpfleet.dev.fleet.LocalFleet`
+:class:`ControlPlaneFleet` is a :class:`~fleetkit.fleet.ProcessFleet`
 (the same redis-server, ``mcpfleet serve`` replica processes and routers on
 127.0.0.1) whose key ring lives where it lives in a cluster: in a Secret,
 created and rotated through a real kube-apiserver. What a kubelet and the
@@ -41,14 +41,14 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit.controlplane import LOOPBACK, ControlPlane
-from fleetkit.fleet import FleetOptions, diagnostics, require_redis, running
+from fleetkit.fleet import FleetOptions, ProcessFleet, diagnostics, require_redis, running
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from fleetkit.pods import make_pod_ready
 from fleetkit.rbac import service_account, service_account_with_rules
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_LABEL
-from mcpfleet.dev.fleet import FleetError, LocalFleet, Proc, Replica
+from mcpfleet.dev.fleet import FleetError, Proc, ReplicaProcess
 from mcpfleet.keys.files import read_ring
-from mcpfleet.keys.ring import KeyRing
+from mcpfleet.keys.ring import KeyRing, KeyRingError
 from mcpfleet_operator import secretring
 
 #: The component label value of replica Pods.
@@ -74,8 +74,8 @@ class _Volume:
 
 
 @dataclass(kw_only=True)
-class ControlPlaneFleet(LocalFleet):
-    """A :class:`LocalFleet` whose replicas read a Secret through their own volumes.
+class ControlPlaneFleet(ProcessFleet):
+    """A :class:`ProcessFleet` whose replicas read a Secret through their own volumes.
 
     :param plane: the running control plane.
     :param namespace: an existing namespace; the Secret, the ServiceAccounts and
@@ -160,7 +160,7 @@ class ControlPlaneFleet(LocalFleet):
         """Replica ``name``'s own volume: nothing but its syncer writes there."""
         return self.workdir / "volumes" / name
 
-    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> Replica:
+    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> ReplicaProcess:
         """Pod (Pending), then its Secret volume (first sync on disk), then the process."""
         self._release(name)  # a previous incarnation of the same name
         self._create_pod(name)
@@ -264,9 +264,14 @@ class ControlPlaneFleet(LocalFleet):
 
     def rotate_step(self, step: str) -> KeyRing:
         """Read the Secret, apply stage/promote/retire/abort, update it (resourceVersion)."""
-        return secretring.apply_step(
-            k8s.CoreV1Api(self.rotator), self.namespace, self.secret_name, step
-        )
+        core = k8s.CoreV1Api(self.rotator)
+        current = secretring.read(core, self.namespace, self.secret_name)
+        if current is None or current.ring is None:
+            what = "does not exist" if current is None else current.error
+            raise KeyRingError(f"secret {self.namespace}/{self.secret_name}: {what}")
+        written = secretring.write_step(core, current, step)
+        assert written.ring is not None, "a ring just written parses"
+        return written.ring
 
     def pause_volume(self, name: str) -> None:
         """Stop replica ``name``'s volume updates: it keeps the ring it has (a stuck kubelet)."""

@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import redis
+
+from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.wait import wait_for
+from mcpfleet.keys.files import write_ring
 from mcpfleet.keys.ring import KeyRing
-from mcpfleet.replica.appload import DEFAULT_APP
 
 #: The import root of fleetkit and benchkit (hack/devkit/).
 DEVKIT_DIR = Path(__file__).resolve().parents[1]
@@ -57,6 +61,39 @@ class Fleet(Protocol):
     def attestations(self) -> dict[str, Attestation]: ...
 
     def ring(self) -> KeyRing: ...
+
+
+class ProcessFleet(LocalFleet):
+    """The :class:`LocalFleet` of ``mcpfleet dev`` with what a scenario does to it
+    (the :class:`Fleet` interface): the product's class runs a fleet, this one tests it."""
+
+    def router_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.router_ports[index]}/mcp"
+
+    def replica_names(self) -> list[str]:
+        """Replicas whose process is running."""
+        return [m.name for m in self.members.values() if m.proc.alive]
+
+    def rotate_step(self, step: str) -> KeyRing:
+        """Apply one of stage/promote/retire/abort to the shared ring directory."""
+        ring: KeyRing = getattr(self.ring(), step)()
+        write_ring(self.keys_dir, ring)
+        return ring
+
+    def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None:
+        """Until every live serving replica attests exactly ``kids`` (in order)."""
+
+        def converged() -> bool:
+            live = [m for m in self.members.values() if m.proc.alive]
+            att = self.attestations()
+            return all(m.name in att and att[m.name].kids == kids for m in live)
+
+        wait_for(
+            converged,
+            timeout=timeout,
+            what=f"every replica to attest kids {list(kids)}",
+            retry_on=(OSError, redis.RedisError),
+        )
 
 
 def require_redis() -> str:
@@ -111,10 +148,10 @@ class FleetOptions:
 
 
 @contextlib.contextmanager
-def local_fleet(workdir: Path, options: FleetOptions | None = None) -> Iterator[LocalFleet]:
+def local_fleet(workdir: Path, options: FleetOptions | None = None) -> Iterator[ProcessFleet]:
     """A fleet of local processes; torn down (and its ports freed) on exit."""
     require_redis()
-    lf = LocalFleet(workdir, **(options or FleetOptions()).fleet_fields())
+    lf = ProcessFleet(workdir, **(options or FleetOptions()).fleet_fields())
     with running(lf, diagnostics):
         yield lf
 

@@ -47,7 +47,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fleetkit.chartkit import CHART
 from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
-from fleetkit.fleet import diagnostics, require_redis, running
+from fleetkit.fleet import ProcessFleet, diagnostics, require_redis, running
 from fleetkit.node import GATEWAY, Node
 from mcpfleet.contract import (
     COMPONENT_LABEL,
@@ -55,7 +55,7 @@ from mcpfleet.contract import (
     KEYRING_LABEL,
     KEYRING_NUDGE_ANNOTATION,
 )
-from mcpfleet.dev.fleet import FleetError, LocalFleet
+from mcpfleet.dev.fleet import FleetError
 from mcpfleet.keys.ring import KeyRing
 
 SERVER_COMPONENT = "server"
@@ -71,7 +71,7 @@ GRACE_SECONDS = 1 + DRAIN_TIMEOUT + 2 + 5
 
 
 @dataclass(kw_only=True)
-class NodeFleet(LocalFleet):
+class NodeFleet(ProcessFleet):
     """Replica pods on a real node, Redis and routers on this machine.
 
     :param node: a started :class:`~fleetkit.node.Node`.

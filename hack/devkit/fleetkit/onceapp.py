@@ -8,6 +8,8 @@ flow without ``once``. ``charge_slow`` marks ``start <order>`` when its
 ``finish`` begins, waits ``before`` seconds, charges, then waits ``after``
 seconds before answering: a replica killed in either wait died between the
 claim and the side effect, or between the side effect and the stored result.
+``charge_receipt`` is ``charge`` whose result carries a receipt of ``size``
+bytes: once-results that fill Redis.
 """
 
 from __future__ import annotations
@@ -69,6 +71,18 @@ async def charge_slow(
         _effect(f"{order} once=True pid={os.getpid()}")
         await asyncio.sleep(after)
         return f"{order}: charged"
+
+    questions = first_missing([Question("ok", f"Charge {order}?", bool)])
+    return await ask_then(ctx, questions, finish, once=True)
+
+
+@app.tool
+async def charge_receipt(order: str, size: int, ctx: Context) -> str | InputRequiredResult:
+    """``charge`` whose result is ``size`` bytes longer (the ledger keeps it)."""
+
+    def finish(outcome: Outcome) -> str:
+        _effect(f"{order} once=True pid={os.getpid()}")
+        return f"{order}: charged " + "r" * size
 
     questions = first_missing([Question("ok", f"Charge {order}?", bool)])
     return await ask_then(ctx, questions, finish, once=True)

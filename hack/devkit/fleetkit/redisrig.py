@@ -8,7 +8,7 @@ watches a master with one or more redis-sentinel processes.
 
 :func:`component_user` creates the ACL user a component runs as, with exactly
 ``RedisKeys(fleet).acl_rules(component)``, and its password file.
-:class:`RedisFleet` is a :class:`LocalFleet` whose replicas and routers
+:class:`RedisFleet` is a :class:`~fleetkit.fleet.ProcessFleet` whose replicas and routers
 connect to such a Redis under their own users (URL with the user name,
 ``--redis-password-file``, TLS files), and whose own reads (attestations,
 readiness) go through the admin user.
@@ -29,9 +29,9 @@ import pytest
 import redis
 
 from fleetkit.certs import CertificateAuthority
-from fleetkit.fleet import FleetOptions
+from fleetkit.fleet import FleetOptions, ProcessFleet
 from mcpfleet.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
-from mcpfleet.dev.fleet import FleetError, LocalFleet, Proc, free_port
+from mcpfleet.dev.fleet import FleetError, Proc, free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.registry import read_replicas_sync
 
@@ -258,8 +258,8 @@ def _text(value: Any) -> Any:
 
 
 @dataclass
-class RedisFleet(LocalFleet):
-    """A :class:`LocalFleet` on a Redis the test runs, every component under its own user.
+class RedisFleet(ProcessFleet):
+    """A :class:`ProcessFleet` on a Redis the test runs, every component under its own user.
 
     ``base_url`` is the URL without a user (``redis://127.0.0.1:P/0``,
     ``rediss://...``, ``redis+sentinel://...``); each component's user goes in

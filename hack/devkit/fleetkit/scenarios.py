@@ -14,7 +14,7 @@ from typing import Any
 from fleetkit.controlplane import wait_for
 from fleetkit.fleet import Fleet
 from fleetkit.traffic import traffic
-from mcpfleet.dev.demo import Trace, connect, default_answer
+from mcpfleet.client import Trace, connect, default_answer
 
 
 async def modern_rounds_spread(fleet: Fleet) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mcpfleet.client import Answerer, Era, Round, Trace, connect, default_answer
+from mcpfleet.client import Era, Trace, connect
 
-__all__ = ["Answerer", "Era", "Round", "Trace", "connect", "default_answer", "run_demo"]
+__all__ = ["run_demo"]
 
 
 async def run_demo(url: str, era: Era, out: Callable[[str], None] = print) -> str:

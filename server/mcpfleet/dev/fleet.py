@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from mcpfleet import redisconn
+from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.dev.localprom import (
     REPLICA_JOB,
@@ -39,7 +40,6 @@ from mcpfleet.dev.wait import WaitTimeout, wait_for
 from mcpfleet.keys.files import read_ring, write_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.registry import read_replicas_sync
-from mcpfleet.replica.appload import DEFAULT_APP
 
 
 class FleetError(RuntimeError):
@@ -118,7 +118,7 @@ def mcpfleet_argv(*args: str) -> list[str]:
 
 
 @dataclass
-class Replica:
+class ReplicaProcess:
     name: str
     port: int
     proc: Proc
@@ -142,7 +142,7 @@ class LocalFleet:
     router_args: Sequence[str] = ()
     redis_server: str | None = field(default_factory=lambda: shutil.which("redis-server"))
     redis_port: int = 0
-    members: dict[str, Replica] = field(default_factory=dict)
+    members: dict[str, ReplicaProcess] = field(default_factory=dict)
     router_procs: list[Proc] = field(default_factory=list)
     router_ports: list[int] = field(default_factory=list)
     redis: Proc | None = None
@@ -160,9 +160,6 @@ class LocalFleet:
     def url(self) -> str:
         """The MCP endpoint of the first router."""
         return f"http://127.0.0.1:{self.router_ports[0]}/mcp"
-
-    def router_url(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.router_ports[index]}/mcp"
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -282,7 +279,7 @@ class LocalFleet:
         """The key ring directory replica ``name`` reads (here: one, shared)."""
         return self.keys_dir
 
-    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> Replica:
+    def add_replica(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> ReplicaProcess:
         port = free_port()
         proc = Proc(
             name,
@@ -305,7 +302,7 @@ class LocalFleet:
             self.workdir / f"{name}.log",
         )
         proc.start(self.env())
-        member = Replica(name, port, proc)
+        member = ReplicaProcess(name, port, proc)
         self.members[name] = member
         if wait:
             self.wait_replica(name, timeout)
@@ -355,10 +352,6 @@ class LocalFleet:
 
     # --- operations ----------------------------------------------------------------------
 
-    def replica_names(self) -> list[str]:
-        """Replicas whose process is running."""
-        return [m.name for m in self.members.values() if m.proc.alive]
-
     def kill(self, name: str) -> None:
         """SIGKILL a replica: no drain, no goodbye."""
         proc = self.members[name].proc
@@ -378,29 +371,6 @@ class LocalFleet:
 
     def ring(self) -> KeyRing:
         return read_ring(self.keys_dir)
-
-    def rotate_step(self, step: str) -> KeyRing:
-        """Apply one of stage/promote/retire/abort to the shared ring directory."""
-        ring: KeyRing = getattr(self.ring(), step)()
-        write_ring(self.keys_dir, ring)
-        return ring
-
-    def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None:
-        """Until every live serving replica attests exactly ``kids`` (in order)."""
-
-        def converged() -> bool:
-            live = [m for m in self.members.values() if m.proc.alive]
-            att = self.attestations()
-            return all(m.name in att and att[m.name].kids == kids for m in live)
-
-        import redis
-
-        wait_for(
-            converged,
-            timeout=timeout,
-            what=f"every replica to attest kids {list(kids)}",
-            retry_on=(OSError, redis.RedisError),
-        )
 
     def metrics_targets(self) -> list[Target]:
         """Every process with a ``/metrics``: the replicas and the routers."""

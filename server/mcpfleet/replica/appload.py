@@ -24,7 +24,6 @@ import fastmcp
 from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 
-from mcpfleet.config import DEFAULT_APP as DEFAULT_APP  # re-exported: its old home
 from mcpfleet.keys.codec import ReloadableCodec
 
 

@@ -2,7 +2,7 @@
 
 An ASGI middleware around the FastMCP HTTP app that
 
-* answers ``/healthz`` (the process lives) and ``/readyz`` (a ring is loaded
+* answers ``/healthz`` (the process lives) and ``/readyz`` (it runs, so a ring is loaded,
   and the replica takes new work; 503 once draining);
 * stamps ``X-Mcpfleet-Replica`` on every response;
 * learns which handshake-era sessions it owns from the ``Mcp-Session-Id`` that
@@ -42,7 +42,6 @@ class GateState:
     """What the gate knows; read by the heartbeat and the drain loop."""
 
     name: str
-    ready: bool = True
     draining: bool = False
     inflight: int = 0
     streams: int = 0
@@ -110,11 +109,11 @@ class ReplicaGate:
             await _plain(send, 200, {"status": "alive", "replica": st.name}, [self._name_header])
             return
         if path == "/readyz":
-            ok = st.ready and not st.draining
-            reason = "draining" if st.draining else ("ready" if st.ready else "no key ring")
+            # A replica without a key ring never starts: serving, it is ready until it drains.
+            reason = "draining" if st.draining else "ready"
             await _plain(
                 send,
-                200 if ok else 503,
+                503 if st.draining else 200,
                 {"status": reason, "replica": st.name},
                 [self._name_header],
             )

@@ -23,7 +23,8 @@ in the same registry and served on the same ``/metrics``):
   racing claimer), ``unkept`` (a replay of a result not kept), ``unknown`` (a
   replay of a flow whose claimer died mid-``finish``: outcome unknown).
 * ``mcpfleet_redis_memory_ratio``: Redis's used memory over its maxmemory, as
-  this replica last read it (0 when Redis has no maxmemory or was not read);
+  this replica reads it each second, whatever ``--once-memory-limit`` (0 when
+  Redis has no maxmemory or was not read);
   once-flows are refused past ``--once-memory-limit``.
 * ``mcpfleet_replica_build_info``, live handshake sessions, requests in flight,
   listening streams, ready and draining state.
@@ -149,7 +150,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "mcpfleet_replica_ready",
             "1 while the replica takes new sessions and rounds.",
-            value=int(st.ready and not st.draining),
+            value=int(not st.draining),
         )
 
 

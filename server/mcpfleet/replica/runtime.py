@@ -49,7 +49,7 @@ from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
-from mcpfleet.redisconn import version_error, within
+from mcpfleet.redisconn import check_version
 from mcpfleet.registry import Publisher, connect, redact_url
 from mcpfleet.replica.appload import install_codec, load_app
 from mcpfleet.replica.gate import GateState, ReplicaGate
@@ -138,7 +138,7 @@ class Replica:
 
     def _ring_changed(self, ring: KeyRing) -> None:
         if self.publisher is not None:
-            self.publisher.nudge()
+            self.publisher.publish_soon()
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -147,7 +147,7 @@ class Replica:
         client = None
         if self.config.redis_url:
             client = connect(self.config.redis_url, self.config.redis_files)
-            await check_redis_version(client, self.config.redis_deadline)
+            await check_version(client, self.config.redis_deadline)
             ledger = RedisLedger(
                 client,
                 RedisKeys(self.config.fleet),
@@ -191,7 +191,7 @@ class Replica:
         cfg = self.config
         self.state.draining = True
         if self.publisher is not None:
-            self.publisher.nudge()
+            self.publisher.publish_soon()
         log.info(
             "draining: %d session(s), %d request(s) in flight; deadline %.0fs",
             self.state.live_sessions(),
@@ -211,28 +211,6 @@ class Replica:
             self.state.inflight,
             self.state.live_sessions(),
         )
-
-
-class RedisTooOld(RuntimeError):
-    """The fleet's Redis lacks a command the replica needs; the message says which version."""
-
-
-async def check_redis_version(client: Any, deadline: float) -> None:
-    """Refuse to start on a Redis older than 7.0; a Redis that does not answer is let be.
-
-    An unreachable Redis is an outage the replica serves through (it retries
-    in the background); a Redis that answers with too old a version would
-    fail every once-flow's claim, so the replica says so at start.
-    """
-    try:
-        info = await within(deadline, client.info("server"))
-    except Exception as exc:
-        log.warning("Redis version not checked (%s): it is checked again at the next start", exc)
-        return
-    problem = version_error(info)
-    if problem is not None:
-        log.error("%s", problem)
-        raise RedisTooOld(problem)
 
 
 #: The MCP SDK's session manager logs every session id at INFO; a handshake

@@ -54,7 +54,7 @@ from mcpfleet.contract import (
     RedisKeys,
 )
 from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
-from mcpfleet.redisconn import follow_master
+from mcpfleet.redisconn import check_version, follow_master
 from mcpfleet.registry import connect, redact_url
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
@@ -162,6 +162,7 @@ class Router:
             self.health,
             ttl=config.session_ttl,
             deadline=config.redis_deadline,
+            failover_wait=config.redis_failover_wait,
             negative_ttl=config.unknown_session_ttl,
         )
         self.metrics = RouterMetrics()
@@ -178,6 +179,7 @@ class Router:
     # --- lifecycle -------------------------------------------------------------------
 
     async def startup(self) -> None:
+        await check_version(self.redis, self.config.redis_deadline)
         await self.upstream.start()
         await self.view.refresh()
         log.info(

@@ -27,7 +27,14 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from mcpfleet.contract import Attestation, RedisKeys
-from mcpfleet.redisconn import DEFAULT_DEADLINE, describe, pool_full, within
+from mcpfleet.redisconn import (
+    DEFAULT_DEADLINE,
+    DEFAULT_FAILOVER_WAIT,
+    describe,
+    pool_full,
+    ride_through,
+    within,
+)
 from mcpfleet.registry import read_replicas
 from mcpfleet.router.decisions import Candidate
 
@@ -279,10 +286,12 @@ class SessionTable:
         ttl: float,
         cache_size: int = 200_000,
         deadline: float = DEFAULT_DEADLINE,
+        failover_wait: float = DEFAULT_FAILOVER_WAIT,
         negative_ttl: float = 2.0,
         negative_size: int = 50_000,
     ) -> None:
         self.deadline = deadline
+        self.failover_wait = failover_wait
         self.client = client
         self.keys = keys
         self.health = health
@@ -358,9 +367,14 @@ class SessionTable:
             self._spawn(self._mget(batch))
 
     async def _mget(self, batch: dict[str, list[asyncio.Future[bytes | str | None]]]) -> None:
+        keys = [self.keys.session(s) for s in batch]
         try:
-            values = await within(
-                self.deadline, self.client.mget([self.keys.session(s) for s in batch])
+            # A read, safe to ask again: through Sentinel it waits out a failover.
+            values = await ride_through(
+                self.client,
+                lambda: self.client.mget(keys),
+                deadline=self.deadline,
+                failover_wait=self.failover_wait,
             )
         except BaseException as exc:
             for waiters in batch.values():

@@ -1,0 +1,152 @@
+"""``mcpfleet serve``: one replica of a FastMCP app."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mcpfleet import redisconn
+from mcpfleet.commands import (
+    UsageError,
+    config_from_args,
+    fleet_name,
+    non_negative,
+    port,
+    positive,
+    positive_int,
+    redis_fields,
+    redis_settings,
+    share,
+)
+from mcpfleet.config import ReplicaConfig
+
+COMMANDS = ("serve",)
+
+
+def add_parsers(sub: Any) -> None:
+    # Every default comes from the config dataclass (mcpfleet.config); each flag's
+    # dest is its field's name (config_from_args).
+    rep = ReplicaConfig
+    s = sub.add_parser("serve", help="run one replica of a FastMCP app")
+    s.add_argument("--app", default=rep.app, help="the FastMCP server, as module:attribute")
+    s.add_argument("--host", default=rep.host, help="address to listen on")
+    s.add_argument("--port", type=port, default=rep.port, help="port to listen on")
+    s.add_argument(
+        "--keys",
+        dest="keys_dir",
+        metavar="KEYS",
+        type=Path,
+        required=True,
+        help="key ring directory (a Secret volume)",
+    )
+    redisconn.add_flags(s, url_help="Redis for the registry (omit: standalone)")
+    s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
+    s.add_argument("--advertise", default="", help="URL other components reach this replica at")
+    s.add_argument(
+        "--fleet",
+        type=fleet_name,
+        default=rep.fleet,
+        help="the fleet's name: its Redis keys' prefix, the same for every component",
+    )
+    s.add_argument("--audience", default="", help="request-state audience (default: from --app)")
+    s.add_argument("--state-ttl", type=positive, default=rep.state_ttl, help="token TTL, s")
+    s.add_argument(
+        "--drain-timeout",
+        type=positive,
+        default=rep.drain_timeout,
+        help="s a draining replica waits for its pinned sessions before it exits",
+    )
+    s.add_argument(
+        "--drain-linger",
+        type=float,
+        default=rep.drain_linger,
+        help="s a draining replica stays up at least, so every router sees it draining",
+    )
+    s.add_argument(
+        "--session-idle",
+        type=positive,
+        default=rep.session_idle,
+        help="s an idle handshake session lives; must equal the router's --session-ttl",
+    )
+    s.add_argument(
+        "--heartbeat",
+        dest="heartbeat_interval",
+        metavar="HEARTBEAT",
+        type=positive,
+        default=rep.heartbeat_interval,
+        help="s between two attestations in Redis",
+    )
+    s.add_argument(
+        "--heartbeat-ttl",
+        type=positive,
+        default=rep.heartbeat_ttl,
+        help="s an attestation lives without a heartbeat",
+    )
+    s.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        metavar="ALLOWED_HOST",
+        action="append",
+        default=[],
+        help="a Host also accepted",
+    )
+    s.add_argument(
+        "--allowed-origin",
+        dest="allowed_origins",
+        metavar="ALLOWED_ORIGIN",
+        action="append",
+        default=[],
+        help="an Origin accepted",
+    )
+    s.add_argument(
+        "--redis-deadline",
+        type=positive,
+        default=rep.redis_deadline,
+        help=f"s each Redis call of a once-flow may take (default {rep.redis_deadline})",
+    )
+    s.add_argument(
+        "--redis-failover-wait",
+        type=non_negative,
+        default=rep.redis_failover_wait,
+        help="s a once-flow's claim waits for a new master through Sentinel"
+        f" (default {rep.redis_failover_wait})",
+    )
+    s.add_argument(
+        "--once-memory-limit",
+        type=share,
+        default=rep.once_memory_limit,
+        help="share of Redis maxmemory past which new once-flows are refused; 0: no check"
+        f" (default {rep.once_memory_limit})",
+    )
+    s.add_argument(
+        "--tasks-redelivery",
+        type=positive,
+        default=rep.tasks_redelivery,
+        help="s after which a task whose worker died runs again on another replica"
+        f" (apps with MCP tasks; default {rep.tasks_redelivery})",
+    )
+    s.add_argument(
+        "--tasks-concurrency",
+        type=positive_int,
+        default=rep.tasks_concurrency,
+        help=f"tasks one replica runs at once (default {rep.tasks_concurrency})",
+    )
+    s.add_argument(
+        "--tasks-deadline",
+        type=positive,
+        default=rep.tasks_deadline,
+        help=f"s a task request may wait on Redis before its error (default {rep.tasks_deadline})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(ReplicaConfig, args, **redis_fields(redis_settings(args)))
+    from mcpfleet.keys.ring import KeyRingError
+    from mcpfleet.replica.runtime import run_replica
+
+    try:
+        run_replica(config)
+    except KeyRingError as exc:
+        raise UsageError(f"no valid key ring: {exc}") from None
+    return 0
