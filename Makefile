@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -25,6 +25,22 @@ help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 venv: $(STAMP) ## the virtual environment in .venv, with the project and its test tools (again when pyproject.toml changes)
+
+# The tasks tests' venv: the [tasks] extra needs the FastMCP its engine was
+# published for (hack/lock/tasks.txt; docs/tasks.md says why), so it is a venv
+# of its own beside .venv.
+TASKS_VENV := .venv-tasks
+$(TASKS_VENV)/.installed: pyproject.toml hack/lock/tasks.txt
+	test -x $(TASKS_VENV)/bin/python || $(PYTHON) -m venv $(TASKS_VENV)
+	$(TASKS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TASKS_VENV)/bin/python -m pip install -q --require-hashes -r hack/lock/tasks.txt
+	$(TASKS_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+venv-tasks: $(TASKS_VENV)/.installed ## the venv of the MCP tasks tests (.venv-tasks: the [test] and [tasks] extras)
+
+test-tasks: venv-tasks deps ## the MCP tasks tests (unit and fleet) in .venv-tasks
+	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 
 # hack/lock/*.txt again from pyproject.toml (UPGRADE=1: newest pins the ranges allow).
 lock: venv ## hack/lock/*.txt again from pyproject.toml (UPGRADE=1: the newest pins the ranges allow)
@@ -65,8 +81,9 @@ typecheck: venv ## mypy --strict over both packages
 E2E_PROVIDER ?= kind
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),kind-image))
 
-test: venv deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, then the e2e tier on E2E_PROVIDER (kind)
+test: venv venv-tasks deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
 	$(PY) -m pytest tests --ignore=tests/e2e
+	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs")

@@ -5,6 +5,9 @@
 #   hack/lock/runtime.txt   pyproject's dependencies and the [operator] extra:
 #                           what the image installs (Dockerfile)
 #   hack/lock/dev.txt       the [test] extra on top: the developer's and CI's venv
+#   hack/lock/tasks.txt     the [test] and [tasks] extras: the venv of the tasks
+#                           tests (make venv-tasks; .venv-tasks), whose FastMCP is
+#                           the newest that has a published tasks engine
 #
 # The ranges in pyproject.toml stay as they are, for people who `pip install
 # mcpfleet` into their own app; the locks pin what this project ships and tests.
@@ -20,14 +23,22 @@ uv="${UV:-$root/.venv/bin/uv}"
 digest="$("$root/.venv/bin/python" hack/lock/deps_digest.py)"
 upgrade=()
 [[ "${UPGRADE:-0}" == 1 ]] && upgrade=(--upgrade)
-for spec in "runtime:operator" "dev:test"; do
+for spec in "runtime:operator" "dev:test" "tasks:test,tasks"; do
 	name="${spec%%:*}"
-	extra="${spec#*:}"
+	extras=()
+	IFS=, read -ra names <<<"${spec#*:}"
+	for extra in "${names[@]}"; do extras+=(--extra "$extra"); done
 	out="hack/lock/$name.txt"
 	tmp="$(mktemp)"
-	# The lock being replaced is the starting point (no --upgrade: pins kept).
-	[[ -f "$out" ]] && tail -n +2 "$out" >"$tmp"
-	"$uv" pip compile pyproject.toml --extra "$extra" --generate-hashes --python-version 3.11 \
+	# The lock being replaced is the starting point (no --upgrade: pins kept);
+	# a new tasks lock starts from dev.txt's pins, so the two differ only where
+	# the tasks engine needs it (FastMCP and what comes with it).
+	if [[ -f "$out" ]]; then
+		tail -n +2 "$out" >"$tmp"
+	elif [[ "$name" == tasks ]]; then
+		tail -n +2 hack/lock/dev.txt >"$tmp"
+	fi
+	"$uv" pip compile pyproject.toml "${extras[@]}" --generate-hashes --python-version 3.11 \
 		--universal --no-header --quiet "${upgrade[@]}" -o "$tmp"
 	{
 		echo "# pyproject-deps-sha256: $digest (hack/lock/update.sh; make lock)"

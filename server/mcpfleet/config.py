@@ -69,6 +69,15 @@ class ReplicaConfig:
     #: no progress or logs and SSE for one that did (mcpfleet.replica.respmode);
     #: ``sse``, every round through mcp's SSE mode, as FastMCP serves by default.
     response_mode: Literal["auto", "sse"] = "auto"
+    #: MCP tasks (:mod:`mcpfleet.tasks`, apps with a tasks extension only): a
+    #: task whose worker died (its lease, renewed every quarter of this, lapsed)
+    #: runs again on another replica's worker after at most this many seconds.
+    tasks_redelivery: float = 30.0
+    #: Tasks one replica's worker runs at once.
+    tasks_concurrency: int = 10
+    #: Seconds a task request (a creation, ``tasks/get|update|cancel``) may wait
+    #: on Redis before it is answered with an error saying the outcome is unknown.
+    tasks_deadline: float = 10.0
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

@@ -101,6 +101,17 @@ class RedisKeys:
         """
         return f"{self.prefix}:once:{flow}"
 
+    @property
+    def tasks(self) -> str:
+        """The name of the fleet's MCP task queue (:mod:`mcpfleet.tasks`, a Docket).
+
+        Every key and pub/sub channel of the queue starts with ``<tasks>:``:
+        its streams, execution records, results, and the engine's task records
+        (task metadata, arguments, context snapshots scrubbed of credentials,
+        input requests). Apps' data, like once-flows' results; never a key.
+        """
+        return f"{self.prefix}:tasks"
+
     def acl_rules(self, component: RedisComponent) -> list[str]:
         """The Redis ACL rules ``component`` needs in this fleet, and nothing more.
 
@@ -119,7 +130,13 @@ class RedisKeys:
           write (claim: SET NX GET PX; confirm and release: EVAL of GET,
           PTTL, SET, DEL; result: SET XX PX; a racing replay: GET; its memory
           watch and the version check at start: INFO). The routes of its own
-          sessions, written back when Redis lost them (SET NX PX).
+          sessions, written back when Redis lost them (SET NX PX). The MCP
+          task queue (:mod:`mcpfleet.tasks`, FastMCP's tasks engine on a
+          Docket): a selector (Redis 7) allowing the commands of
+          :data:`TASK_QUEUE_COMMANDS` on the keys and channels under
+          :attr:`tasks` only (and the workers' PSUBSCRIBE pattern of
+          cancellations, which Redis matches as written); a fleet whose app
+          has no tasks never sends them.
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
           read and write; the registry, read only; the version check at
           start: INFO.
@@ -155,6 +172,14 @@ class RedisKeys:
                 "pttl",
                 "info",
             ]
+            # The task queue: a selector of its own (Redis 7), so its commands
+            # reach its keys and channels only, never the routes or the ledger.
+            # PSUBSCRIBE needs its pattern allowed as written: the workers'
+            # cancellation pattern is named too.
+            selector = [f"(~{self.tasks}:*", f"&{self.tasks}:*", f"&{self.tasks}:cancel:*"]
+            selector += [f"+{c}" for c in TASK_QUEUE_COMMANDS]
+            selector[-1] += ")"
+            return [*base, *keys, *(f"+{c}" for c in commands), *selector]
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
             # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL;
@@ -167,6 +192,26 @@ class RedisKeys:
             raise ValueError(f"component must be one of {REDIS_COMPONENTS}, got {component!r}")
         return [*base, *keys, *(f"+{c}" for c in commands)]
 
+
+#: What the MCP task queue (pydocket, under FastMCP's tasks engine) sends, on
+#: its own keys and channels only (:attr:`RedisKeys.tasks`): its streams
+#: (XADD, XREAD, XREADGROUP, XAUTOCLAIM, XCLAIM, XACK, XDEL, XLEN, XGROUP, XPENDING),
+#: scheduling and worker registry (sorted sets, sets, hashes), results and
+#: the engine's task records (strings with TTLs), its Lua scripts (SCRIPT
+#: LOAD and EXISTS, never FLUSH; EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE).
+TASK_QUEUE_COMMANDS: tuple[str, ...] = (
+    "xadd", "xread", "xreadgroup", "xautoclaim", "xclaim", "xack", "xdel", "xlen", "xgroup",
+    "xpending", "xinfo", "xrange",
+    "zadd", "zcard", "zcount", "zrem", "zremrangebyscore", "zrange", "zrangebyscore", "zscore",
+    "sadd", "smembers", "srem", "scard", "sismember",
+    "hset", "hget", "hgetall", "hdel", "hexists", "hincrby", "hmget",
+    "set", "setex", "get", "mget", "exists", "expire", "pexpire", "ttl", "pttl", "del",
+    "unlink", "incr",
+    "multi", "exec", "eval", "evalsha", "script|load",
+    "script|exists",
+    "publish", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
+    "info",
+)  # fmt: skip
 
 #: The components that connect to Redis, each under its own ACL user.
 RedisComponent = Literal["replica", "router", "operator"]

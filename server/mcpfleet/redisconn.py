@@ -448,6 +448,51 @@ def from_options(
 # --------------------------------------------------------------------------- clients
 
 
+def queue_target(s: RedisSettings) -> tuple[str, Any]:
+    """A URL with no credential in it, and the credential provider, for a library
+    that builds its own clients from a URL (the tasks queue, :mod:`mcpfleet.tasks`).
+
+    The URL keeps the host, port, database and TLS files (as redis-py's URL
+    query); the password, from the URL or the password file, travels only in
+    the provider, so the library can log or hold its URL without a secret in
+    it. Sentinel is refused: such a library connects to one address.
+    """
+    from urllib.parse import quote, urlencode
+
+    from redis.credentials import UsernamePasswordCredentialProvider
+
+    p = s.parsed
+    if p.sentinel or len(p.hosts) != 1:
+        raise RedisConfigError(
+            "MCP tasks need a Redis reached at one address (redis:// or rediss://); "
+            f"Sentinel is not supported for the tasks queue, got {s.redacted!r}"
+        )
+    (host, port), scheme = p.hosts[0], "rediss" if p.tls else "redis"
+    query: dict[str, str] = {}
+    if p.tls:
+        f = s.files
+        query["ssl_cert_reqs"] = "required"
+        for name, path in (
+            ("ssl_ca_certs", f.ca_file),
+            ("ssl_certfile", f.cert_file),
+            ("ssl_keyfile", f.key_file),
+        ):
+            if path is not None:
+                query[name] = str(path)
+    provider: Any = None
+    if s.files.password_file is not None:
+        provider = FilePassword(p.username, s.files.password_file)
+    elif p.password is not None:
+        provider = UsernamePasswordCredentialProvider(p.username, p.password)
+    # With a provider, the user name travels in it too (not both, says redis-py).
+    user = f"{quote(p.username, safe='')}@" if p.username and provider is None else ""
+    host_part = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{user}{host_part}:{port}/{p.db}"
+    if query:
+        url += "?" + urlencode(query)
+    return url, provider
+
+
 def fail_fast_retry(*, aio: bool = True) -> Any:
     """redis-py's retry policy for every client: :data:`RETRIES` at once, connection errors only."""
     from redis.backoff import NoBackoff

@@ -82,6 +82,10 @@ def test_the_wheel_requires_kopf_and_kubernetes_only_with_the_operator_extra(
     assert not names & set(OPERATOR_ONLY), plain
     extra = [r for r in requires if 'extra == "operator"' in r]
     assert {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0] for r in extra} == set(OPERATOR_ONLY)
+    # MCP tasks (docs/tasks.md): FastMCP's own [tasks] extra, only with mcpfleet's.
+    assert not [r for r in plain if "tasks" in r], plain
+    tasks = [r.split(";")[0].replace(" ", "") for r in requires if 'extra == "tasks"' in r]
+    assert tasks == ["fastmcp[tasks]<5,>=4.1.4"], tasks
 
 
 @pytest.mark.timeout(120)

@@ -39,7 +39,7 @@ def test_the_installed_fastmcp_is_a_tested_one() -> None:
     assert ".".join(fastmcp.__version__.split(".")[:2]) in TESTED_FASTMCP
 
 
-@pytest.mark.parametrize("version", ["4.3.0", "5.0.0", "4.1.9"])
+@pytest.mark.parametrize("version", ["4.3.0", "5.0.0", "4.0.11"])
 def test_untested_fastmcp_versions_are_refused_loudly(
     version: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,7 +54,7 @@ def direct(extra: str) -> list[Requirement]:
     return reqs
 
 
-@pytest.mark.parametrize("lock", ["runtime.txt", "dev.txt"])
+@pytest.mark.parametrize("lock", ["runtime.txt", "dev.txt", "tasks.txt"])
 def test_each_lock_was_made_from_pyprojects_dependencies_as_they_are(lock: str) -> None:
     first = (LOCKS / lock).read_text().splitlines()[0]
     assert first.startswith("# pyproject-deps-sha256: "), first
@@ -63,7 +63,9 @@ def test_each_lock_was_made_from_pyprojects_dependencies_as_they_are(lock: str) 
     )
 
 
-@pytest.mark.parametrize(("lock", "extra"), [("runtime.txt", "operator"), ("dev.txt", "test")])
+@pytest.mark.parametrize(
+    ("lock", "extra"), [("runtime.txt", "operator"), ("dev.txt", "test"), ("tasks.txt", "tasks")]
+)
 def test_every_direct_dependency_is_pinned_inside_its_range_with_hashes(
     lock: str, extra: str
 ) -> None:

@@ -14,6 +14,7 @@ from mcpfleet.commands import (
     non_negative,
     port,
     positive,
+    positive_int,
     redis_fields,
     redis_settings,
     share,
@@ -124,6 +125,25 @@ def add_parsers(sub: Any) -> None:
         default=rep.response_mode,
         help="modern rounds: auto (JSON unless the request asked for progress or logs)"
         f" or sse (every round in SSE mode) (default {rep.response_mode})",
+    )
+    s.add_argument(
+        "--tasks-redelivery",
+        type=positive,
+        default=rep.tasks_redelivery,
+        help="s after which a task whose worker died runs again on another replica"
+        f" (apps with MCP tasks; default {rep.tasks_redelivery})",
+    )
+    s.add_argument(
+        "--tasks-concurrency",
+        type=positive_int,
+        default=rep.tasks_concurrency,
+        help=f"tasks one replica runs at once (default {rep.tasks_concurrency})",
+    )
+    s.add_argument(
+        "--tasks-deadline",
+        type=positive,
+        default=rep.tasks_deadline,
+        help=f"s a task request may wait on Redis before its error (default {rep.tasks_deadline})",
     )
 
 

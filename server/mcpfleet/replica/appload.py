@@ -74,7 +74,7 @@ def load_app(spec: str) -> FastMCP[Any]:
 
 
 #: FastMCP ``major.minor`` versions whose internals :func:`install_codec` is tested on.
-TESTED_FASTMCP = ("4.2",)
+TESTED_FASTMCP = ("4.1", "4.2")
 
 
 def check_fastmcp_version(version: str | None = None) -> None:

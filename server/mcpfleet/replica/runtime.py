@@ -15,6 +15,8 @@ every modern continuation routed to it), then serves under uvicorn with:
   (:mod:`mcpfleet.once`): the fleet's Redis when configured, so a final
   round replayed on any replica runs ``finish`` once; this process's memory
   when standalone;
+* MCP tasks (:mod:`mcpfleet.tasks`), for an app with a tasks extension: the
+  fleet's one queue in its Redis, a worker in this replica;
 * drain on SIGTERM: the replica attests ``draining`` and refuses new work at
   once, serves the sessions it owns until every one is closed (deleted, or idle
   past the session idle time) and nothing is in flight, or the deadline
@@ -56,6 +58,7 @@ from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
 from mcpfleet.sigterm import SigtermFirstServer
+from mcpfleet.tasks import fleet_queue_of, has_tasks_extension, install_tasks
 
 log = logging.getLogger("mcpfleet.replica")
 
@@ -82,6 +85,9 @@ class Replica:
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
+        # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
+        if has_tasks_extension(self.mcp_app):
+            install_tasks(self.mcp_app, fleet_queue_of(config, self.name))
         # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
         self._install_ledger(MemoryLedger())
         self.publisher: Publisher | None = None

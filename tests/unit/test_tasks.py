@@ -1,0 +1,248 @@
+"""The fleet's side of MCP tasks: the queue's place, its credentials, its ACL, the snapshots.
+
+The pure parts run everywhere; the wiring of FastMCP's tasks engine runs where
+the [tasks] extra is installed (``make test-tasks``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from mcpfleet.config import ReplicaConfig
+from mcpfleet.contract import TASK_QUEUE_COMMANDS, RedisKeys
+from mcpfleet.redisconn import (
+    RedisConfigError,
+    RedisFiles,
+    RedisSettings,
+    parse_url,
+    queue_target,
+    settings,
+)
+from mcpfleet.tasks import (
+    CREDENTIAL_HEADERS,
+    FleetQueue,
+    fleet_queue,
+    fleet_queue_of,
+    scrub_snapshot,
+)
+
+pytestmark = pytest.mark.unit
+
+SECRET = "s3cret-password-never-shown"
+BEARER = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl"
+
+
+def snapshot() -> str:
+    token = {
+        "token": BEARER,
+        "client_id": "app",
+        "scopes": ["read"],
+        "claims": {"sub": "alice"},
+    }
+    return json.dumps(
+        {
+            "access_token_json": json.dumps(token),
+            "http_headers": {
+                "Authorization": f"Bearer {BEARER}",
+                "cookie": "sid=1",
+                "proxy-authorization": "Basic eA==",
+                "user-agent": "tests",
+            },
+            "origin_request_id": "1",
+            "session_id": None,
+            "owning_tool_name": "double",
+            "owning_tool_version": None,
+        }
+    )
+
+
+def test_a_scrubbed_snapshot_keeps_the_callers_identity_and_none_of_its_credentials() -> None:
+    out = scrub_snapshot(snapshot())
+    assert BEARER not in out and "sid=1" not in out and "Basic" not in out
+    data = json.loads(out)
+    assert data["http_headers"] == {"user-agent": "tests"}
+    token = json.loads(data["access_token_json"])
+    assert token["token"] == ""
+    assert (token["client_id"], token["claims"], token["scopes"]) == (
+        "app",
+        {"sub": "alice"},
+        ["read"],
+    )
+    assert data["owning_tool_name"] == "double"
+    assert {"authorization", "cookie", "proxy-authorization"} == CREDENTIAL_HEADERS
+
+
+def test_an_anonymous_snapshot_is_scrubbed_to_no_headers_and_no_token() -> None:
+    raw = json.dumps({"access_token_json": None, "http_headers": {"authorization": "x"}})
+    assert json.loads(scrub_snapshot(raw)) == {"access_token_json": None, "http_headers": None}
+
+
+def test_the_queue_lies_under_the_fleets_prefix() -> None:
+    assert RedisKeys("blue").tasks == "mcpfleet:blue:tasks"
+    q = fleet_queue(
+        fleet="blue",
+        redis_url="redis://127.0.0.1:6379/2",
+        redis_files=RedisFiles(),
+        replica="r0",
+        redelivery_timeout=7,
+        concurrency=3,
+    )
+    assert q == FleetQueue("mcpfleet:blue:tasks", "redis://127.0.0.1:6379/2", None, "r0", 7, 3)
+
+
+def test_a_standalone_replica_keeps_its_queue_in_memory(tmp_path: Path) -> None:
+    q = fleet_queue_of(ReplicaConfig(keys_dir=tmp_path, fleet="dev"), "r0")
+    assert (q.url, q.name, q.worker_name) == ("memory://", "mcpfleet:dev:tasks", "r0")
+    assert (q.redelivery_timeout, q.concurrency) == (30.0, 10)
+
+
+def test_the_queue_url_never_carries_the_password_from_a_file(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text(SECRET + "\n")
+    url, provider = queue_target(
+        settings("redis://replica@10.0.0.1:6380/3", RedisFiles(password_file=pw))
+    )
+    assert url == "redis://10.0.0.1:6380/3"
+    assert provider.get_credentials() == ("replica", SECRET)
+
+
+def test_the_queue_url_never_carries_the_password_from_a_url_read_from_a_file() -> None:
+    s = settings(f"redis://replica:{SECRET}@h:6379/0", source="file")
+    url, provider = queue_target(s)
+    assert SECRET not in url and url == "redis://h:6379/0"
+    assert provider.get_credentials() == ("replica", SECRET)
+
+
+def test_the_queue_url_keeps_tls_and_its_files(tmp_path: Path) -> None:
+    files = RedisFiles(
+        ca_file=tmp_path / "ca.pem", cert_file=tmp_path / "c.pem", key_file=tmp_path / "k.pem"
+    )
+    # Built as settings() builds it once the files are checked (they are not read here).
+    s = RedisSettings(url="rediss://h:6380/0", parsed=parse_url("rediss://h:6380/0"), files=files)
+    url, provider = queue_target(s)
+    assert url == (
+        "rediss://h:6380/0?ssl_cert_reqs=required"
+        f"&ssl_ca_certs={quote(str(files.ca_file), safe='')}"
+        f"&ssl_certfile={quote(str(files.cert_file), safe='')}"
+        f"&ssl_keyfile={quote(str(files.key_file), safe='')}"
+    )
+    assert provider is None
+
+
+def test_a_sentinel_url_is_refused_for_the_queue_saying_why() -> None:
+    s = settings("redis+sentinel://s1:26379,s2:26379/mymaster/0")
+    with pytest.raises(RedisConfigError, match="Sentinel is not supported for the tasks queue"):
+        queue_target(s)
+
+
+def test_the_replicas_queue_rules_are_a_selector_on_the_queues_keys_and_channels_only() -> None:
+    rules = RedisKeys("blue").acl_rules("replica")
+    start = next(i for i, r in enumerate(rules) if r.startswith("("))
+    root, selector = rules[:start], rules[start:]
+    assert selector[0] == "(~mcpfleet:blue:tasks:*" and selector[-1].endswith(")")
+    assert [r for r in selector if r[0] in "~&%("] == [
+        "(~mcpfleet:blue:tasks:*",
+        "&mcpfleet:blue:tasks:*",
+        "&mcpfleet:blue:tasks:cancel:*",
+    ]
+    assert [r.rstrip(")") for r in selector if r.startswith("+")] == [
+        f"+{c}" for c in TASK_QUEUE_COMMANDS
+    ]
+    # Lua scripts are loaded, never flushed (SCRIPT FLUSH has no key to scope it).
+    assert "+script|load" in selector and "+script" not in selector
+    # The routes and the once-ledger gain no command from the queue.
+    assert "+xadd" not in root and "+hset" not in root
+    assert not [r for r in root if "tasks" in r]
+    for component in ("router", "operator"):
+        assert not [r for r in RedisKeys("blue").acl_rules(component) if "tasks" in r]
+
+
+def test_an_app_without_a_tasks_extension_is_left_alone() -> None:
+    from fastmcp import FastMCP
+
+    from mcpfleet.tasks import has_tasks_extension, install_tasks
+
+    app = FastMCP("plain")
+    queue = FleetQueue("mcpfleet:t:tasks", "memory://", None, "r0", 5, 2)
+    assert not has_tasks_extension(app)
+    assert install_tasks(app, queue) is False
+
+
+@pytest.mark.tasks
+def test_the_apps_tasks_extension_is_replaced_by_one_on_the_fleets_queue() -> None:
+    pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make test-tasks")
+    from datetime import timedelta
+
+    from fastmcp import FastMCP
+    from fastmcp_tasks import TasksExtension
+
+    from mcpfleet.tasks import TASKS_EXTENSION_ID, install_tasks
+
+    app = FastMCP("with-tasks")
+    theirs = TasksExtension(
+        url="redis://elsewhere:6379/0",
+        name="their-queue",
+        reconnection_delay=timedelta(seconds=9),
+    )
+    app.add_extension(theirs)
+
+    @app.tool(task=True)
+    async def work() -> int:
+        return 1
+
+    queue = FleetQueue("mcpfleet:t:tasks", "redis://h:6379/0", None, "r0", 5, 2)
+    assert install_tasks(app, queue) is True
+    ours = app._extensions[TASKS_EXTENSION_ID]
+    assert ours is not theirs and isinstance(ours, TasksExtension)
+    s = ours.docket_settings
+    assert (s.url, s.name, s.worker_name, s.concurrency) == (
+        "redis://h:6379/0",
+        "mcpfleet:t:tasks",
+        "r0",
+        2,
+    )
+    assert s.redelivery_timeout == timedelta(seconds=5)
+    assert s.reconnection_delay == timedelta(seconds=9), "the app's own tuning is kept"
+
+
+@pytest.mark.tasks
+def test_the_engines_snapshots_are_scrubbed_before_its_codec_encodes_them() -> None:
+    pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make test-tasks")
+    from fastmcp import FastMCP
+    from fastmcp_tasks import TasksExtension, context
+
+    from mcpfleet.tasks import install_tasks
+
+    app = FastMCP("with-tasks")
+    app.add_extension(TasksExtension())
+    install_tasks(app, FleetQueue("mcpfleet:t:tasks", "memory://", None, "r0", 5, 2))
+    install_tasks(app, FleetQueue("mcpfleet:t:tasks", "memory://", None, "r0", 5, 2))
+    codec = context.snapshot_codec()  # type: ignore[attr-defined]
+    stored = codec.encode(snapshot())
+    assert BEARER not in stored and "sid=1" not in stored
+    assert json.loads(codec.decode(stored))["owning_tool_name"] == "double"
+
+
+async def test_a_bounded_call_answers_within_its_deadline_saying_the_outcome_is_unknown() -> None:
+    import asyncio
+
+    from mcp.shared.exceptions import MCPError
+
+    from mcpfleet.tasks import bounded
+
+    async def stalled() -> int:
+        await asyncio.sleep(30)
+        return 1
+
+    async def quick(n: int) -> int:
+        return n
+
+    assert await bounded(quick, 1.0, "this request")(2) == 2
+    with pytest.raises(
+        MCPError, match=r"did not answer within 0\.05 s; the outcome of x is unknown"
+    ):
+        await bounded(stalled, 0.05, "x")()
