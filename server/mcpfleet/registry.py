@@ -24,9 +24,9 @@ from redis.exceptions import RedisError
 
 from mcpfleet import redisconn
 from mcpfleet.contract import HEARTBEAT_INTERVAL, HEARTBEAT_TTL, Attestation, RedisKeys
-from mcpfleet.redisconn import RedisFiles, describe, redact_url
+from mcpfleet.redisconn import RedisFiles, describe
 
-__all__ = ["connect", "redact_url"]
+__all__ = ["connect"]
 
 log = logging.getLogger("mcpfleet.registry")
 

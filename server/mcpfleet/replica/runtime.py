@@ -50,8 +50,8 @@ from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
-from mcpfleet.redisconn import check_version
-from mcpfleet.registry import Publisher, connect, redact_url
+from mcpfleet.redisconn import check_version, redact_url
+from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.metrics import ReplicaMetrics

@@ -56,8 +56,8 @@ from mcpfleet.contract import (
     RedisKeys,
 )
 from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
-from mcpfleet.redisconn import check_version, follow_master
-from mcpfleet.registry import connect, redact_url
+from mcpfleet.redisconn import check_version, follow_master, redact_url
+from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
     OriginPolicy,
