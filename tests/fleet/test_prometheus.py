@@ -36,7 +36,7 @@ from mcpfleet.dev.localprom import LocalPrometheus
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import write_ring, write_volume
 from mcpfleet.keys.ring import KeyRing
-from mcpfleet.router.proxy import Outcome
+from mcpfleet.router.proxy import RequestOutcome
 from mcpfleet.router.upstream import Failure
 
 from .conftest import shared
@@ -63,7 +63,7 @@ CLUSTER_ONLY_ALERTS = {
 #: emits, and their selectors without the outcome matcher must return series with
 #: the labels they use.
 RARE_OUTCOME_ALERTS = {"McpfleetRouterErrorRatioHigh", "McpfleetSessionCapReached"}
-ROUTER_OUTCOMES = {o.value for o in Outcome} | {f.value for f in Failure}
+ROUTER_OUTCOMES = {o.value for o in RequestOutcome} | {f.value for f in Failure}
 _OUTCOME = re.compile(r',?\s*outcome=~?"([^"]*)"')
 
 _BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")

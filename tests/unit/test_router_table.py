@@ -83,7 +83,7 @@ async def test_a_refused_replica_stays_dropped_until_it_heartbeats_again(view: V
     v, registry, _ = view
     registry["value"] = {"a": _att("a", 5), "b": _att("b", 5)}
     await v.refresh()
-    v.forget("a")
+    v.drop_dead("a")
     assert "a" not in v.replicas
     await v.refresh()
     assert "a" not in v.replicas, "its old record is not trusted"

@@ -85,7 +85,7 @@ log = logging.getLogger("mcpfleet.router")
 _T = TypeVar("_T")
 
 
-class Outcome(enum.StrEnum):
+class RequestOutcome(enum.StrEnum):
     """How the router ended a request: the ``outcome`` label of ``mcpfleet_router_requests_total``.
 
     A :class:`Failure` of the last forward attempt is an outcome too.
@@ -301,7 +301,7 @@ class Router:
 
     async def _route(
         self, scope: Scope, receive: Receive, send: Send, started: float
-    ) -> tuple[str, Outcome | Failure]:
+    ) -> tuple[str, RequestOutcome | Failure]:
         """Handle one proxied request; returns (route kind, outcome) for the metrics."""
         try:
             admitted = await admit(scope, receive, self.config, self.origin_policy)
@@ -309,7 +309,7 @@ class Router:
             return Route.INVALID, Failure.DISCONNECTED
         if isinstance(admitted, Rejection):
             await _respond(send, admitted.status, jsonrpc_error(admitted.code, admitted.message))
-            return Route.INVALID, Outcome.REJECTED
+            return Route.INVALID, RequestOutcome.REJECTED
         headers, body = admitted.headers, admitted.body
         method: str = scope["method"]
         kind = classify(method, headers, body)
@@ -318,7 +318,7 @@ class Router:
             await _respond(
                 send, 400, jsonrpc_error(ErrorCode.PARSE_ERROR, "Parse error: the body is not JSON")
             )
-            return kind.value, Outcome.REJECTED
+            return kind.value, RequestOutcome.REJECTED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(
                 scope, receive, send, headers[SESSION_HEADER.lower()], body, started
@@ -329,29 +329,29 @@ class Router:
 
     async def _sticky(
         self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes, started: float
-    ) -> Outcome | Failure:
+    ) -> RequestOutcome | Failure:
         if not valid_session_id(session):
             await _respond(
                 send,
                 400,
                 jsonrpc_error(ErrorCode.INVALID_REQUEST, "Bad Request: malformed Mcp-Session-Id"),
             )
-            return Outcome.REJECTED
+            return RequestOutcome.REJECTED
         owner, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
         if owner is None:
             if source is LookupSource.BUSY:
                 # A burst holds every Redis connection: the session may exist.
                 await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
-                return Outcome.UNAVAILABLE
+                return RequestOutcome.UNAVAILABLE
             if source is LookupSource.UNKNOWN:
                 # Redis cannot say whether the session exists: a 404 could end a live one.
                 await _retry_later(
                     send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
                 )
-                return Outcome.UNAVAILABLE
+                return RequestOutcome.UNAVAILABLE
             await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
-            return Outcome.CLIENT_ERROR
+            return RequestOutcome.CLIENT_ERROR
         address = await self.view.locate(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
@@ -360,14 +360,14 @@ class Router:
             scope, receive, send, RouteKind.STICKY, owner, address, body, started, session
         )
         if outcome is Failure.REFUSED:
-            self.view.forget(owner)
+            self.view.drop_dead(owner)
             return await self._owner_gone(send, session, owner, OwnerGone.REFUSED)
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
             await _retry_later(
                 send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
             )
-            return Outcome.UNAVAILABLE
+            return RequestOutcome.UNAVAILABLE
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session answers this way.
             return await self._owner_gone(send, session, owner, OwnerGone.UNKNOWN_TO_OWNER)
@@ -375,21 +375,23 @@ class Router:
             # The owner may have run the request, so it goes nowhere else. An owner
             # that no longer takes connections died with the session: the spec's 404.
             if not await self.upstream.accepts(address):
-                self.view.forget(owner)
+                self.view.drop_dead(owner)
                 return await self._owner_gone(send, session, owner, OwnerGone.DIED)
             await _outcome_unknown(send, owner)
             return Failure.DROPPED
         if scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300:
             # Only the session's own credential can end it (anyone else gets a 404).
-            await self.sessions.forget(session)
+            await self.sessions.drop(session)
         return _outcome(outcome)
 
-    async def _owner_gone(self, send: Send, session: str, owner: str, reason: OwnerGone) -> Outcome:
+    async def _owner_gone(
+        self, send: Send, session: str, owner: str, reason: OwnerGone
+    ) -> RequestOutcome:
         log.info("session of %s answered 404: owner %s", owner, reason)
-        await self.sessions.forget(session)
+        await self.sessions.drop(session)
         self.metrics.owner_gone.labels(reason).inc()
         await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
-        return Outcome.OWNER_GONE
+        return RequestOutcome.OWNER_GONE
 
     async def _spread(
         self,
@@ -399,7 +401,7 @@ class Router:
         kind: RouteKind,
         body: bytes,
         started: float,
-    ) -> Outcome | Failure:
+    ) -> RequestOutcome | Failure:
         tried: set[str] = set()
         for _ in range(self.config.attempts):
             candidates = self.view.serving(exclude=tried)
@@ -420,7 +422,7 @@ class Router:
             )
             if isinstance(outcome, Failure) and outcome.nothing_processed:
                 if outcome is Failure.REFUSED:
-                    self.view.forget(replica.name)
+                    self.view.drop_dead(replica.name)
                 self.metrics.retries.labels(outcome.value).inc()
                 continue
             if outcome is Failure.DROPPED:
@@ -433,7 +435,7 @@ class Router:
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
         await _retry_later(send, 503, ErrorCode.SERVER_ERROR, message)
-        return Outcome.NO_REPLICA
+        return RequestOutcome.NO_REPLICA
 
     async def _forward(
         self,
@@ -484,7 +486,7 @@ class Router:
                     if created and valid_session_id(created):
                         await self.sessions.record(created, name)
                 elif session is not None and session_ended(upstream):
-                    await self.sessions.forget(session)
+                    await self.sessions.drop(session)
             except BaseException:
                 upstream.close()
                 raise
@@ -584,12 +586,12 @@ async def _unless_client_leaves(
             watcher.cancel()
 
 
-def _outcome(result: int | Failure) -> Outcome | Failure:
+def _outcome(result: int | Failure) -> RequestOutcome | Failure:
     if isinstance(result, Failure):
         return result
     if result < 400:
-        return Outcome.OK
-    return Outcome.CLIENT_ERROR if result < 500 else Outcome.UPSTREAM_ERROR
+        return RequestOutcome.OK
+    return RequestOutcome.CLIENT_ERROR if result < 500 else RequestOutcome.UPSTREAM_ERROR
 
 
 _CLOSE = (b"connection", b"close")

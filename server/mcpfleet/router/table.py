@@ -241,7 +241,7 @@ class ReplicaView:
         address, at = seen
         return address if time.monotonic() - at < self.absent_limit else None
 
-    def forget(self, name: str) -> None:
+    def drop_dead(self, name: str) -> None:
         """Drop a replica seen dead (refused connection) until it heart-beats again."""
         att = self.state.replicas.pop(name, None)
         self.state.last_seen.pop(name, None)
@@ -419,7 +419,8 @@ class SessionTable:
             self.health.fail(exc)
             self._unsaved[session] = owner
 
-    async def forget(self, session: str) -> None:
+    async def drop(self, session: str) -> None:
+        """The session ended (or its owner is gone): its route goes from the cache and Redis."""
         self._cache.pop(session, None)
         self._unsaved.pop(session, None)
         try:
