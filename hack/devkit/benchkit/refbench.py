@@ -17,6 +17,7 @@ see the replicas, and the bench says so instead of measuring.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -126,6 +127,7 @@ def main() -> None:
             ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "tree")],
             capture_output=True,
         )
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -281,6 +282,7 @@ def main() -> None:
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "tree")],
                 capture_output=True,
             )
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
