@@ -79,6 +79,22 @@ def fleet_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def add_listen_flags(parser: argparse.ArgumentParser, config: Any) -> None:
+    """``--host`` and ``--port`` of a process, their defaults from its ``config`` class."""
+    parser.add_argument("--host", default=config.host, help="address to listen on")
+    parser.add_argument("--port", type=port, default=config.port, help="port to listen on")
+
+
+def add_fleet_flag(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--fleet``: the same for every component of a fleet."""
+    parser.add_argument(
+        "--fleet",
+        type=fleet_name,
+        default=default,
+        help="the fleet's name: its Redis keys' prefix, the same for every component",
+    )
+
+
 def redis_settings(args: argparse.Namespace) -> RedisSettings | None:
     """The checked Redis settings of ``serve``/``router``; a UsageError names what to fix."""
     if not args.redis:

@@ -8,10 +8,10 @@ from typing import Any
 from mcpfleet import redisconn
 from mcpfleet.commands import (
     UsageError,
+    add_fleet_flag,
+    add_listen_flags,
     config_from_args,
-    fleet_name,
     non_negative,
-    port,
     positive,
     positive_int,
     redis_fields,
@@ -27,15 +27,9 @@ def add_parsers(sub: Any) -> None:
     # dest is its field's name (config_from_args).
     rtr = RouterConfig
     r = sub.add_parser("router", help="run the sticky router")
-    r.add_argument("--host", default=rtr.host, help="address to listen on")
-    r.add_argument("--port", type=port, default=rtr.port, help="port to listen on")
+    add_listen_flags(r, rtr)
     redisconn.add_flags(r, url_help="Redis for the routing table", required=True)
-    r.add_argument(
-        "--fleet",
-        type=fleet_name,
-        default=rtr.fleet,
-        help="the fleet's name: its Redis keys' prefix, the same for every component",
-    )
+    add_fleet_flag(r, rtr.fleet)
     r.add_argument(
         "--session-ttl",
         type=positive,

@@ -9,10 +9,10 @@ from typing import Any
 from mcpfleet import redisconn
 from mcpfleet.commands import (
     UsageError,
+    add_fleet_flag,
+    add_listen_flags,
     config_from_args,
-    fleet_name,
     non_negative,
-    port,
     positive,
     positive_int,
     redis_fields,
@@ -30,8 +30,7 @@ def add_parsers(sub: Any) -> None:
     rep = ReplicaConfig
     s = sub.add_parser("serve", help="run one replica of a FastMCP app")
     s.add_argument("--app", default=rep.app, help="the FastMCP server, as module:attribute")
-    s.add_argument("--host", default=rep.host, help="address to listen on")
-    s.add_argument("--port", type=port, default=rep.port, help="port to listen on")
+    add_listen_flags(s, rep)
     s.add_argument(
         "--keys",
         dest="keys_dir",
@@ -43,12 +42,7 @@ def add_parsers(sub: Any) -> None:
     redisconn.add_flags(s, url_help="Redis for the registry (omit: standalone)")
     s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
     s.add_argument("--advertise", default="", help="URL other components reach this replica at")
-    s.add_argument(
-        "--fleet",
-        type=fleet_name,
-        default=rep.fleet,
-        help="the fleet's name: its Redis keys' prefix, the same for every component",
-    )
+    add_fleet_flag(s, rep.fleet)
     s.add_argument("--audience", default="", help="request-state audience (default: from --app)")
     s.add_argument("--state-ttl", type=positive, default=rep.state_ttl, help="token TTL, s")
     s.add_argument(
