@@ -45,6 +45,14 @@ ROUTER_ERROR_HEADER = "X-Mcpfleet-Router-Error"
 #: route only on this mark (or the owner's successful DELETE, or the owner
 #: gone); it strips the header from client requests and from every response.
 SESSION_ENDED_HEADER = "X-Mcpfleet-Session-Ended"
+#: Set by a replica on the answer to an ``initialize`` that opened a session
+#: when the request carried a verified credential: a digest of the principal
+#: (client id, issuer, subject), never the token. The router keeps it to check
+#: that a re-home request (docs/rehome.md) comes from the session's owner.
+PRINCIPAL_HEADER = "X-Mcpfleet-Principal"
+#: Set to ``0`` by a replica on the answer to an ``initialize`` when its app
+#: opted out of session re-homing (its sessions hold state of their own).
+REHOME_HEADER = "X-Mcpfleet-Rehome"
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 MCP_PATH = "/mcp"
@@ -90,8 +98,23 @@ class RedisKeys:
         return f"{self.prefix}:replica:{name}"
 
     def session(self, session_id: str) -> str:
-        """The owner (replica name) of one handshake-era session."""
+        """The route of one handshake-era session: its owner (replica name), or,
+        for a re-homed session, the owner and the owner's session id, space-separated."""
         return f"{self.prefix}:session:{session_id}"
+
+    def session_init(self, session_id: str) -> str:
+        """What re-opens one session elsewhere (router ``--rehome-sessions``): the
+        client's ``initialize`` parameters and its owner's principal digest (JSON)."""
+        return f"{self.prefix}:session:{session_id}:init"
+
+    def session_lost(self, session_id: str) -> str:
+        """Set (to a reason) when a session's owner went with work of the session in
+        flight: the session is never re-homed, its next request gets the 404."""
+        return f"{self.prefix}:session:{session_id}:lost"
+
+    def session_moving(self, session_id: str) -> str:
+        """Held (SET NX PX) by the one router re-homing a session right now."""
+        return f"{self.prefix}:session:{session_id}:moving"
 
     def once(self, flow: str) -> str:
         """The ledger entry of one exactly-once guard flow (:mod:`mcpfleet.once`).

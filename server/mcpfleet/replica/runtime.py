@@ -76,7 +76,9 @@ class Replica:
         self.name = config.resolved_name()
         self.address = config.resolved_address()
         self.started = time.time()
-        self.state = GateState(name=self.name, session_idle=config.session_idle)
+        self.state = GateState(
+            name=self.name, session_idle=config.session_idle, rehome=config.session_rehome
+        )
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
         self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
         self.mcp_app = load_app(config.app)
@@ -217,6 +219,7 @@ class Replica:
         flight, or the deadline passes."""
         cfg = self.config
         self.state.draining = True
+        self.state.handover = cfg.drain_handover and cfg.session_rehome
         if self.publisher is not None:
             self.publisher.publish_soon()
         log.info(
@@ -228,9 +231,18 @@ class Replica:
         started = time.monotonic()
         deadline = started + cfg.drain_timeout
         linger = started + min(cfg.drain_linger, cfg.drain_timeout)
+        # With the handover, idle sessions go to re-homing routers at once: their
+        # requests get the drain's 503 (nothing run), which routers answer by
+        # re-homing; the drain waits only for requests in flight (a tool call,
+        # a pending elicitation), and the linger lets every router see it.
+        handover = self.state.handover
         while time.monotonic() < deadline:
-            if self.state.idle() and time.monotonic() >= linger:
-                log.info("drained: no request in flight and no open session")
+            done = self.state.inflight == 0 if handover else self.state.idle()
+            if done and time.monotonic() >= linger:
+                log.info(
+                    "drained: no request in flight%s",
+                    " (idle sessions handed over)" if handover else " and no open session",
+                )
                 return
             await asyncio.sleep(0.1)
         log.warning(
