@@ -419,6 +419,20 @@ class Router:
                 session,
                 alias,
             )
+            dead: bool | None = None
+            if (
+                outcome in (Failure.UPSTREAM_BROKE, Failure.DROPPED)
+                and self.config.rehome_sessions
+                and posted
+                and cancellations(body)
+            ):
+                dead = not await self.upstream.accepts(address)
+                if dead:
+                    # Its owner went while the request ran: whichever router the
+                    # client turns to next must not re-home the session (its work
+                    # is gone). Marked while the request still counts in flight
+                    # here, so this router never re-homes the session in between.
+                    await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
         finally:
             if posted:
                 left = self._busy[session] - 1
@@ -454,7 +468,7 @@ class Router:
         if outcome is Failure.DROPPED:
             # The owner may have run the request, so it goes nowhere else. An owner
             # that no longer takes connections died with the session: the spec's 404.
-            if not await self.upstream.accepts(address):
+            if dead if dead is not None else not await self.upstream.accepts(address):
                 self.view.drop_dead(owner)
                 if self.config.rehome_sessions and scope["method"] == "GET":
                     # A stream's opening request has no effect to repeat.
@@ -474,16 +488,6 @@ class Router:
                 return await self._owner_gone(send, session, owner, OwnerGone.DIED)
             await _outcome_unknown(send, owner)
             return Failure.DROPPED
-        if (
-            outcome is Failure.UPSTREAM_BROKE
-            and self.config.rehome_sessions
-            and posted
-            and cancellations(body)
-            and not await self.upstream.accepts(address)
-        ):
-            # Its owner went while the request ran: whichever router the client
-            # turns to next must not re-home the session (its work is gone).
-            await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
         if scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.drop(session)
