@@ -98,7 +98,9 @@ def roll(lf: LocalFleet) -> float:
     return time.monotonic() - started
 
 
-async def idle_sessions_through_a_rollout(lf: LocalFleet, count: int) -> tuple[Counter[int], int, float]:
+async def idle_sessions_through_a_rollout(
+    lf: LocalFleet, count: int
+) -> tuple[Counter[int], int, float]:
     """``count`` idle sessions, a rolling restart, then one request on each:
     (statuses, answers that carried the session's own id, rollout seconds)."""
     async with httpx.AsyncClient(timeout=30) as http:
@@ -126,9 +128,9 @@ async def test_rolling_restart_idle_sessions_answer_on_their_old_id_with_rehomin
     off_statuses, _, off_took = await idle_sessions_through_a_rollout(off_fleet, count)
     rehomed = metric_sum(router_metrics(on_fleet), REHOMED) - before
     print(
-        f"\n{count} idle sessions, rolling restart of 3 replicas, a client that never re-initializes:"
-        f"\n  rehoming on : {on_kept}/{count} answered on their old id, statuses {dict(on_statuses)},"
-        f" {rehomed:.0f} re-homed, rollout {on_took:.1f} s"
+        f"\n{count} idle sessions of a client that never re-initializes, 3 replicas rolled:"
+        f"\n  rehoming on : {on_kept}/{count} answered on their old id,"
+        f" statuses {dict(on_statuses)}, {rehomed:.0f} re-homed, rollout {on_took:.1f} s"
         f"\n  rehoming off: {off_statuses[404]}/{count} got 404, statuses {dict(off_statuses)},"
         f" rollout {off_took:.1f} s"
     )
@@ -154,9 +156,11 @@ async def test_sessions_with_an_elicitation_pending_get_404_and_are_never_rehome
             # Half answer their elicitation first, half send a new request first.
             first = await bounded(
                 list(zip(sessions, pending, strict=True)),
-                lambda sp: sp[0].answer(sp[1][1], {"confirm": True})
-                if sessions.index(sp[0]) % 2
-                else sp[0].ping(),
+                lambda sp: (
+                    sp[0].answer(sp[1][1], {"confirm": True})
+                    if sessions.index(sp[0]) % 2
+                    else sp[0].ping()
+                ),
             )
             then = await bounded(sessions, lambda s: s.ping())
         finally:
@@ -166,7 +170,12 @@ async def test_sessions_with_an_elicitation_pending_get_404_and_are_never_rehome
     print(
         f"\n10 sessions with a pending elicitation through a rolling restart: first requests "
         f"{Counter(r.status_code for r in first)}, lost by reason "
-        + str({r: metric_sum(text, LOST, reason=r) for r in ("answer_orphaned", "request_broke", "in_flight")})
+        + str(
+            {
+                r: metric_sum(text, LOST, reason=r)
+                for r in ("answer_orphaned", "request_broke", "in_flight")
+            }
+        )
     )
     assert [r.status_code for r in first] == [404] * 10
     assert [r.status_code for r in then] == [404] * 10
@@ -207,7 +216,9 @@ async def test_idle_sessions_of_a_sigkilled_replica_are_rehomed_and_a_get_stream
 
 
 @pytest.fixture
-def auth_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LocalFleet, TokenIssuer]]:
+def auth_fleet(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[LocalFleet, TokenIssuer]]:
     issuer = TokenIssuer()
     key = issuer.write_public_key(tmp_path / "jwt-public.pem")
     port = free_port()
