@@ -161,8 +161,10 @@ class RedisKeys:
           cancellations, which Redis matches as written); a fleet whose app
           has no tasks never sends them.
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
-          read and write; the registry, read only; the version check at
-          start: INFO.
+          read and write (with ``--rehome-sessions`` also their ``init``,
+          ``lost`` and ``moving`` records under the same pattern, with the
+          same commands: MGET, GET, SET NX PX, PEXPIRE, DEL); the registry,
+          read only; the version check at start: INFO.
         * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
           the attestations, read only.
 

@@ -400,15 +400,18 @@ class Router:
                 scope, receive, send, session, route, body, started, OwnerGone.DEREGISTERED, rehomed
             )
         alias: tuple[bytes, bytes] | None = None
+        forwarded = scope
         if upstream_session is not None:
-            scope = {**scope, "headers": swap_session(scope["headers"], session, upstream_session)}
+            # The owner knows the session by its own id; answers carry the client's.
+            headers = swap_session(scope["headers"], session, upstream_session)
+            forwarded = {**scope, "headers": headers}
             alias = (upstream_session.encode("latin-1"), session.encode("latin-1"))
         posted = scope["method"] == "POST"
         if posted:
             self._busy[session] = self._busy.get(session, 0) + 1
         try:
             outcome = await self._forward(
-                scope,
+                forwarded,
                 receive,
                 send,
                 RouteKind.STICKY,
