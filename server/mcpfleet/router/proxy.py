@@ -423,13 +423,9 @@ class Router:
                 alias,
             )
             dead: bool | None = None
-            if (
-                outcome in (Failure.UPSTREAM_BROKE, Failure.DROPPED)
-                and self.config.rehome_sessions
-                and posted
-                and cancellations(body)
-            ):
-                dead = not await self.upstream.accepts(address)
+            if self.config.rehome_sessions and posted and self._may_have_died(owner, outcome):
+                if cancellations(body):
+                    dead = not await self.upstream.accepts(address)
                 if dead:
                     # Its owner went while the request ran: whichever router the
                     # client turns to next must not re-home the session (its work
@@ -495,6 +491,19 @@ class Router:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.drop(session)
         return _outcome(outcome)
+
+    def _may_have_died(self, owner: str, outcome: int | Failure) -> bool:
+        """Whether a session's request that ended so may have ended with its owner.
+
+        A broken or dropped answer may; so may any end on a draining owner: at
+        its drain deadline a replica's shutdown may end a running request's
+        stream cleanly, without its answer. The caller then asks whether the
+        owner still takes connections (a closed port: it is exiting, or gone).
+        """
+        if outcome in (Failure.UPSTREAM_BROKE, Failure.DROPPED):
+            return True
+        att = self.view.get(owner)
+        return isinstance(outcome, int) and att is not None and att.state == "draining"
 
     async def _gone(
         self,
