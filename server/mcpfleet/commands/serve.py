@@ -70,7 +70,7 @@ def add_parsers(sub: Any) -> None:
         action="store_false",
         default=rep.session_rehome,
         help="routers may not re-open this app's sessions on another replica"
-        " (for an app that keeps state of its own in a session)",
+        " (for an app that keeps state of its own in a session; default: they may)",
     )
     s.add_argument(
         "--session-idle",
