@@ -53,6 +53,14 @@ PRINCIPAL_HEADER = "X-Mcpfleet-Principal"
 #: Set to ``0`` by a replica on the answer to an ``initialize`` when its app
 #: opted out of session re-homing (its sessions hold state of their own).
 REHOME_HEADER = "X-Mcpfleet-Rehome"
+#: Set by the router on a re-homed session's requests: the client's own session
+#: id (the replica knows the session by its own). A replica draining with the
+#: handover uses it to mark the session lost when its drain deadline cuts a
+#: request of the session; stripped from client requests.
+CLIENT_SESSION_HEADER = "X-Mcpfleet-Client-Session"
+#: The ``lost`` mark (RedisKeys.session_lost) a replica writes for a session
+#: whose request its drain deadline cut.
+LOST_AT_DRAIN_DEADLINE = "drain_deadline"
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 MCP_PATH = "/mcp"
@@ -153,7 +161,8 @@ class RedisKeys:
           write (claim: SET NX GET PX; confirm and release: EVAL of GET,
           PTTL, SET, DEL; result: SET XX PX; a racing replay: GET; its memory
           watch and the version check at start: INFO). The routes of its own
-          sessions, written back when Redis lost them (SET NX PX). The MCP
+          sessions, written back when Redis lost them (SET NX PX), and the
+          ``lost`` marks of sessions its drain deadline cut (SET PX). The MCP
           task queue (:mod:`mcpfleet.tasks`, FastMCP's tasks engine on a
           Docket): a selector (Redis 7) allowing the commands of
           :data:`TASK_QUEUE_COMMANDS` on the keys and channels under

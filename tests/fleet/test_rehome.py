@@ -157,15 +157,15 @@ async def test_sessions_with_an_elicitation_pending_get_404_and_are_never_rehome
             first = await bounded(
                 list(zip(sessions, pending, strict=True)),
                 lambda sp: (
-                    sp[0].answer(sp[1][1], {"confirm": True})
+                    sp[0].answer(sp[1].request_id, {"confirm": True})
                     if sessions.index(sp[0]) % 2
                     else sp[0].ping()
                 ),
             )
             then = await bounded(sessions, lambda s: s.ping())
         finally:
-            for resp, _ in pending:
-                await resp.aclose()
+            for call in pending:
+                await call.aclose()
     text = router_metrics(lf)
     print(
         f"\n10 sessions with a pending elicitation through a rolling restart: first requests "

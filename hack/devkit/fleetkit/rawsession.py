@@ -9,6 +9,7 @@ the session re-homing scenarios (docs/rehome.md) in the fleet and e2e tiers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import Awaitable, Callable, Iterable
@@ -92,12 +93,11 @@ class RawSession:
         resp.raise_for_status()
         return _message(resp)
 
-    async def start_elicitation(
-        self, tool: str, arguments: dict[str, Any]
-    ) -> tuple[httpx.Response, Any]:
+    async def start_elicitation(self, tool: str, arguments: dict[str, Any]) -> PendingCall:
         """Call ``tool`` and read its stream until the server's ``elicitation/create``
-        arrives; the stream is left open (the tool waits) and returned with the
-        elicitation's request id. Close it with ``aclose()``."""
+        arrives; the stream stays open and keeps being read (a client that stopped
+        reading would close it, which cancels the call), the tool waiting for its
+        answer. Close it with :meth:`PendingCall.aclose`."""
         body = {
             "jsonrpc": "2.0",
             "id": next(self._ids),
@@ -108,19 +108,15 @@ class RawSession:
             "POST", self.url, content=json.dumps(body), headers=self._headers()
         )
         resp = await self.http.send(req, stream=True)
+        asked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        call = PendingCall(resp, asyncio.ensure_future(_read_call(resp, asked)))
         try:
             resp.raise_for_status()
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                msg = json.loads(line[5:])
-                if msg.get("method") == "elicitation/create":
-                    return resp, msg["id"]
+            call.request_id = await asyncio.wait_for(asyncio.shield(asked), 30)
         except BaseException:
-            await resp.aclose()
+            await call.aclose()
             raise
-        await resp.aclose()
-        raise AssertionError(f"{tool} answered without asking")
+        return call
 
     async def answer(self, request_id: Any, content: dict[str, Any]) -> httpx.Response:
         """The client's answer to an elicitation (a JSON-RPC response on the session)."""
@@ -130,6 +126,39 @@ class RawSession:
             "result": {"action": "accept", "content": content},
         }
         return await self.http.post(self.url, content=json.dumps(body), headers=self._headers())
+
+
+@dataclass
+class PendingCall:
+    """A tool call whose elicitation is waiting for the client's answer."""
+
+    response: httpx.Response
+    #: Reads the call's stream to its end (or until closed).
+    reader: asyncio.Future[None]
+    #: The id of the server's ``elicitation/create``.
+    request_id: Any = None
+
+    async def aclose(self) -> None:
+        self.reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+            await self.reader
+        await self.response.aclose()
+
+
+async def _read_call(resp: httpx.Response, asked: asyncio.Future[Any]) -> None:
+    """Read a call's SSE stream to its end; ``asked`` gets the elicitation's id."""
+    try:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or asked.done():
+                continue
+            msg = json.loads(line[5:])
+            if isinstance(msg, dict) and msg.get("method") == "elicitation/create":
+                asked.set_result(msg["id"])
+    except httpx.HTTPError:
+        pass  # the stream broke (its replica went): what the test looks at next
+    finally:
+        if not asked.done():
+            asked.set_exception(AssertionError("the call's stream ended without asking"))
 
 
 async def bounded(

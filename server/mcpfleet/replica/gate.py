@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.contract import (
+    CLIENT_SESSION_HEADER,
     DRAINING_HEADER,
     PRINCIPAL_HEADER,
     REHOME_HEADER,
@@ -45,6 +46,7 @@ _SESSION_KEY = SESSION_HEADER.lower().encode()
 _ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")
 _NO_REHOME = (REHOME_HEADER.lower().encode(), b"0")
 _PRINCIPAL = PRINCIPAL_HEADER.lower().encode()
+_CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
 
 
 def principal_digest(scope: Scope) -> str | None:
@@ -82,6 +84,13 @@ class GateState:
     handover: bool = False
     #: Requests in flight (not GET streams) per session, for the handover.
     busy: dict[str, int] = field(default_factory=dict)
+    #: The client's own id of a busy re-homed session (the router names it), by
+    #: this replica's id: the drain deadline marks the session lost under it.
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def busy_client_sessions(self) -> list[str]:
+        """The sessions with a request in flight, by the ids their clients use."""
+        return [self.aliases.get(s, s) for s in self.busy]
 
     def live_sessions(self, now: float | None = None) -> int:
         """Sessions active within the idle timeout; older ones are forgotten here.
@@ -184,6 +193,9 @@ class ReplicaGate:
             st.inflight += 1
             if owned and session is not None:
                 st.busy[session] = st.busy.get(session, 0) + 1
+                client_session = _header(scope, _CLIENT_SESSION)
+                if client_session is not None:
+                    st.aliases[session] = client_session
 
         async def stamped_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -222,5 +234,6 @@ class ReplicaGate:
                         st.busy[session] = left
                     else:
                         st.busy.pop(session, None)
+                        st.aliases.pop(session, None)
             if owned and session is not None and session in st.sessions:
                 st.sessions[session] = time.monotonic()

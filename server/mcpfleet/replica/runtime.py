@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import (
+    LOST_AT_DRAIN_DEADLINE,
     MCP_PATH,
     Attestation,
     RedisKeys,
@@ -250,6 +251,21 @@ class Replica:
             self.state.inflight,
             self.state.live_sessions(),
         )
+        if handover:
+            await self._mark_cut_sessions_lost()
+
+    async def _mark_cut_sessions_lost(self) -> None:
+        """Mark in Redis the sessions whose requests the drain deadline is about to cut,
+        before any of their streams ends: a re-homing router must answer their next
+        request with the 404, whatever it saw of the end (a stream may end cleanly)."""
+        sessions = self.state.busy_client_sessions()
+        if not sessions or self.publisher is None:
+            return
+        marked = await self.publisher.mark_lost(
+            sessions, LOST_AT_DRAIN_DEADLINE, self.config.redis_deadline
+        )
+        if marked:
+            log.info("%d session(s) with a request in flight marked lost", len(sessions))
 
 
 #: The MCP SDK's session manager logs every session id at INFO; a handshake

@@ -82,6 +82,7 @@ from mcpfleet.router.rehome import (
     InitRecord,
     Lost,
     answers_gone_work,
+    client_session_line,
     close_session,
     initialize_params,
     join_route,
@@ -822,7 +823,13 @@ class Router:
         try:
             try:
                 upstream = await _unless_client_leaves(
-                    self.upstream.open(scope, name, address, body),
+                    self.upstream.open(
+                        scope,
+                        name,
+                        address,
+                        body,
+                        client_session_line(session) if alias and session else b"",
+                    ),
                     scope,
                     receive,
                     self.loop or asyncio.get_running_loop(),

@@ -23,7 +23,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mcpfleet.contract import MCP_PATH, PRINCIPAL_HEADER, REHOME_HEADER, SESSION_HEADER
+from mcpfleet.contract import (
+    CLIENT_SESSION_HEADER,
+    LOST_AT_DRAIN_DEADLINE,
+    MCP_PATH,
+    PRINCIPAL_HEADER,
+    REHOME_HEADER,
+    SESSION_HEADER,
+)
 from mcpfleet.router.decisions import valid_session_id
 from mcpfleet.router.h1 import Pool
 from mcpfleet.router.upstream import forward_header_block
@@ -35,6 +42,7 @@ INIT_LIMIT = 16 * 1024
 INIT_FIELDS = ("protocolVersion", "capabilities", "clientInfo")
 
 _SESSION = SESSION_HEADER.lower().encode()
+_CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
 #: Request headers that belong to the client's own request, never to the
 #: re-home's ``initialize`` (the upstream client sets length and host).
 _NOT_FOR_REINIT = frozenset(
@@ -64,6 +72,9 @@ class Lost(enum.StrEnum):
     ANSWER_ORPHANED = "answer_orphaned"
     #: The live replica refused to open the session again (not a credential's 401/403).
     REFUSED = "refused"
+    #: Its replica's drain deadline cut a request of the session (the replica
+    #: marked it in Redis before it stopped, whatever the router saw of the end).
+    DRAIN_DEADLINE = LOST_AT_DRAIN_DEADLINE
 
 
 @dataclass(frozen=True)
@@ -148,9 +159,14 @@ def answers_gone_work(body: bytes) -> bool:
 def swap_session(
     raw_headers: list[tuple[bytes, bytes]], old: str, new: str
 ) -> list[tuple[bytes, bytes]]:
-    """``raw_headers`` with the session id ``old`` replaced by ``new`` (either way)."""
+    """``raw_headers`` with the session id ``old`` replaced by ``new``."""
     old_b, new_b = old.encode("latin-1"), new.encode("latin-1")
     return [(k, new_b if k.lower() == _SESSION and v == old_b else v) for k, v in raw_headers]
+
+
+def client_session_line(session: str) -> bytes:
+    """The header line naming a re-homed session's own (client's) id to its replica."""
+    return b"%s: %s\r\n" % (_CLIENT_SESSION, session.encode("latin-1"))
 
 
 @dataclass(frozen=True)

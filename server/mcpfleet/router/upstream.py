@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from starlette.types import Message, Receive, Scope, Send
 
 from mcpfleet.contract import (
+    CLIENT_SESSION_HEADER,
     DRAINING_HEADER,
     PRINCIPAL_HEADER,
     REHOME_HEADER,
@@ -55,6 +56,7 @@ _CLIENT_MAY_NOT_SET = frozenset(
         SESSION_ENDED_HEADER.lower(),
         PRINCIPAL_HEADER.lower(),
         REHOME_HEADER.lower(),
+        CLIENT_SESSION_HEADER.lower(),
     }
 )
 #: Replica response headers meant for the router only, never relayed to a client.
@@ -193,19 +195,22 @@ class Upstream:
     async def close(self) -> None:
         self.pool.close()
 
-    async def open(self, scope: Scope, name: str, address: str, body: bytes) -> Response | Failure:
+    async def open(
+        self, scope: Scope, name: str, address: str, body: bytes, extra: bytes = b""
+    ) -> Response | Failure:
         """Send the client's request to replica ``name`` at ``address``.
 
         Returns once the response headers arrived, or the :class:`Failure`
         that proves the replica did no work (refused, timed out connecting).
         Raises :class:`Dropped` when it failed once the request may have been
         written: then it is never sent again, to this replica or another.
+        ``extra``: header lines the router adds (``name: value\\r\\n``).
         """
         target: bytes = scope["raw_path"]
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         client = scope.get("client")
-        headers = forward_header_block(scope["headers"], client[0] if client else None)
+        headers = forward_header_block(scope["headers"], client[0] if client else None) + extra
         try:
             return await self.pool.request(
                 address, scope["method"].encode("latin-1"), target, headers, body
