@@ -612,21 +612,36 @@ class Router:
             return RequestOutcome.UNAVAILABLE
         if not claimed:
             return await self._await_move(send, session, route)
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                await self.sessions.release_move(session)
+
+        async def send_released(message: Message) -> None:
+            # The claim goes before any answer: the client's next request must
+            # find the session free to re-home, not held by this one.
+            if message["type"] == "http.response.start":
+                await release()
+            await send(message)
+
         moved = False
         try:
             async with asyncio.timeout(self.config.rehome_timeout):
-                result = await self._reopen(scope, send, session, owner, record, cause)
-            moved = isinstance(result, str)
+                result = await self._reopen(scope, send_released, session, owner, record, cause)
+            moved = isinstance(result, str)  # the move released the claim
             return result
         except TimeoutError:
             log.warning("re-home of a session of %s timed out", owner)
             await _retry_later(
-                send, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
+                send_released, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
             )
             return RequestOutcome.UNAVAILABLE
         finally:
             if not moved:
-                await self.sessions.release_move(session)
+                await release()
 
     async def _await_move(self, send: Send, session: str, route: str) -> str | RequestOutcome:
         """Another router holds the session's move: its new route once written
