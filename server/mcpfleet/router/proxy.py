@@ -423,16 +423,17 @@ class Router:
                 session,
                 alias,
             )
-            dead: bool | None = None
-            if self.config.rehome_sessions and posted and self._may_have_died(owner, outcome):
-                if cancellations(body):
-                    dead = not await self.upstream.accepts(address)
-                if dead:
-                    # Its owner went while the request ran: whichever router the
-                    # client turns to next must not re-home the session (its work
-                    # is gone). Marked while the request still counts in flight
-                    # here, so this router never re-homes the session in between.
-                    await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
+            if (
+                self.config.rehome_sessions
+                and posted
+                and cancellations(body)
+                and await self._cut(owner, address, outcome)
+            ):
+                # Its owner may have gone while the request ran: whichever router
+                # the client turns to next must not re-home the session (its work
+                # is gone). Marked while the request still counts in flight here,
+                # so this router never re-homes it in between.
+                await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
         finally:
             if posted:
                 left = self._busy[session] - 1
@@ -468,7 +469,7 @@ class Router:
         if outcome is Failure.DROPPED:
             # The owner may have run the request, so it goes nowhere else. An owner
             # that no longer takes connections died with the session: the spec's 404.
-            if dead if dead is not None else not await self.upstream.accepts(address):
+            if not await self.upstream.accepts(address):
                 self.view.drop_dead(owner)
                 if self.config.rehome_sessions and scope["method"] == "GET":
                     # A stream's opening request has no effect to repeat.
@@ -493,18 +494,21 @@ class Router:
             await self.sessions.drop(session)
         return _outcome(outcome)
 
-    def _may_have_died(self, owner: str, outcome: int | Failure) -> bool:
-        """Whether a session's request that ended so may have ended with its owner.
+    async def _cut(self, owner: str, address: str, outcome: int | Failure) -> bool:
+        """Whether a session's request that ended so may have been cut short with its owner.
 
-        A broken or dropped answer may; so may any end on a draining owner: at
-        its drain deadline a replica's shutdown may end a running request's
-        stream cleanly, without its answer. The caller then asks whether the
-        owner still takes connections (a closed port: it is exiting, or gone).
+        A broken or dropped answer may: it counts at once, whether or not the
+        owner lives on (the mark matters only once the owner is gone, and a
+        SIGKILLed owner's port may still take a connection for an instant). So
+        may any end on a draining owner whose port then no longer takes
+        connections: its shutdown may end a running request's stream cleanly.
         """
         if outcome in (Failure.UPSTREAM_BROKE, Failure.DROPPED):
             return True
         att = self.view.get(owner)
-        return isinstance(outcome, int) and att is not None and att.state == "draining"
+        if not isinstance(outcome, int) or att is None or att.state != "draining":
+            return False
+        return not await self.upstream.accepts(address)
 
     async def _gone(
         self,
