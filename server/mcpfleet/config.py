@@ -48,6 +48,15 @@ class ReplicaConfig:
     drain_linger: float = 2.0
     #: Must equal the routers' ``session_ttl``.
     session_idle: float = SESSION_IDLE
+    #: Whether routers that re-home sessions (``--rehome-sessions``) may re-open
+    #: this app's sessions on another replica once this one is gone. Off for an
+    #: app that keeps state of its own in a session (it would not come along).
+    session_rehome: bool = True
+    #: A draining replica exits as soon as no request is in flight, handing its
+    #: idle sessions over to re-homing routers (docs/rehome.md), instead of
+    #: waiting until they close or the drain timeout passes. Only for a fleet
+    #: whose routers run with ``--rehome-sessions``.
+    drain_handover: bool = False
     heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_ttl: float = HEARTBEAT_TTL
     #: DNS-rebinding protection at the replica (FastMCP's Host/Origin guard in
@@ -142,3 +151,10 @@ class RouterConfig:
     #: client's keep-alive connection is closed by the router after an answer
     #: (the client reconnects elsewhere), never under a request it just sent.
     drain_linger: float = 2.0
+    #: Re-home idle handshake sessions whose replica is gone (docs/rehome.md):
+    #: off by default, for clients that do not re-initialize on the spec's 404.
+    rehome_sessions: bool = False
+    #: Seconds a re-home (re-initialize on a live replica, then
+    #: ``notifications/initialized``) may take before the request gets a 503
+    #: with Retry-After; the session stays re-homable.
+    rehome_timeout: float = 10.0

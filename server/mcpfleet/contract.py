@@ -45,6 +45,22 @@ ROUTER_ERROR_HEADER = "X-Mcpfleet-Router-Error"
 #: route only on this mark (or the owner's successful DELETE, or the owner
 #: gone); it strips the header from client requests and from every response.
 SESSION_ENDED_HEADER = "X-Mcpfleet-Session-Ended"
+#: Set by a replica on the answer to an ``initialize`` that opened a session
+#: when the request carried a verified credential: a digest of the principal
+#: (client id, issuer, subject), never the token. The router keeps it to check
+#: that a re-home request (docs/rehome.md) comes from the session's owner.
+PRINCIPAL_HEADER = "X-Mcpfleet-Principal"
+#: Set to ``0`` by a replica on the answer to an ``initialize`` when its app
+#: opted out of session re-homing (its sessions hold state of their own).
+REHOME_HEADER = "X-Mcpfleet-Rehome"
+#: Set by the router on a re-homed session's requests: the client's own session
+#: id (the replica knows the session by its own). A replica draining with the
+#: handover uses it to mark the session lost when its drain deadline cuts a
+#: request of the session; stripped from client requests.
+CLIENT_SESSION_HEADER = "X-Mcpfleet-Client-Session"
+#: The ``lost`` mark (RedisKeys.session_lost) a replica writes for a session
+#: whose request its drain deadline cut.
+LOST_AT_DRAIN_DEADLINE = "drain_deadline"
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 MCP_PATH = "/mcp"
@@ -90,8 +106,23 @@ class RedisKeys:
         return f"{self.prefix}:replica:{name}"
 
     def session(self, session_id: str) -> str:
-        """The owner (replica name) of one handshake-era session."""
+        """The route of one handshake-era session: its owner (replica name), or,
+        for a re-homed session, the owner and the owner's session id, space-separated."""
         return f"{self.prefix}:session:{session_id}"
+
+    def session_init(self, session_id: str) -> str:
+        """What re-opens one session elsewhere (router ``--rehome-sessions``): the
+        client's ``initialize`` parameters and its owner's principal digest (JSON)."""
+        return f"{self.prefix}:session:{session_id}:init"
+
+    def session_lost(self, session_id: str) -> str:
+        """Set (to a reason) when a session's owner went with work of the session in
+        flight: the session is never re-homed, its next request gets the 404."""
+        return f"{self.prefix}:session:{session_id}:lost"
+
+    def session_moving(self, session_id: str) -> str:
+        """Held (SET NX PX) by the one router re-homing a session right now."""
+        return f"{self.prefix}:session:{session_id}:moving"
 
     def once(self, flow: str) -> str:
         """The ledger entry of one exactly-once guard flow (:mod:`mcpfleet.once`).
@@ -130,7 +161,8 @@ class RedisKeys:
           write (claim: SET NX GET PX; confirm and release: EVAL of GET,
           PTTL, SET, DEL; result: SET XX PX; a racing replay: GET; its memory
           watch and the version check at start: INFO). The routes of its own
-          sessions, written back when Redis lost them (SET NX PX). The MCP
+          sessions, written back when Redis lost them (SET NX PX), and the
+          ``lost`` marks of sessions its drain deadline cut (SET PX). The MCP
           task queue (:mod:`mcpfleet.tasks`, FastMCP's tasks engine on a
           Docket): a selector (Redis 7) allowing the commands of
           :data:`TASK_QUEUE_COMMANDS` on the keys and channels under
@@ -138,8 +170,10 @@ class RedisKeys:
           cancellations, which Redis matches as written); a fleet whose app
           has no tasks never sends them.
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
-          read and write; the registry, read only; the version check at
-          start: INFO.
+          read and write (with ``--rehome-sessions`` also their ``init``,
+          ``lost`` and ``moving`` records under the same pattern, with the
+          same commands: MGET, GET, SET NX PX, PEXPIRE, DEL); the registry,
+          read only; the version check at start: INFO.
         * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
           the attestations, read only.
 

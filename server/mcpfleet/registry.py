@@ -175,6 +175,20 @@ class Publisher:
         )
         return written
 
+    async def mark_lost(self, sessions: Sequence[str], reason: str, deadline: float) -> bool:
+        """Mark ``sessions`` lost (RedisKeys.session_lost, for the session TTL), so a
+        re-homing router answers their next request with the 404; False if Redis
+        could not take it within ``deadline`` seconds (logged)."""
+        pipe = self.client.pipeline(transaction=False)
+        for session in sessions:
+            pipe.set(self.keys.session_lost(session), reason, px=int(self.session_ttl * 1000))
+        try:
+            await redisconn.within(deadline, pipe.execute())
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.error("%d session(s) not marked lost: %s", len(sessions), describe(exc))
+            return False
+        return True
+
     def publish_soon(self) -> None:
         """Publish now (a state or ring change) rather than at the next tick."""
         self._wake.set()

@@ -318,6 +318,30 @@ def test_the_grace_period_covers_the_prestop_pause_and_the_drain_deadline(helm: 
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+@pytest.mark.parametrize(
+    ("values", "router_flag", "server_flag"),
+    [
+        ((), False, None),
+        (("--set", "router.rehomeSessions=true"), True, "--drain-handover"),
+        (
+            ("--set", "router.rehomeSessions=true,server.sessionRehome=false"),
+            True,
+            "--no-session-rehome",
+        ),
+    ],
+    ids=["default-off", "on", "on-app-opted-out"],
+)
+def test_session_rehoming_is_off_by_default_and_its_values_set_both_components_flags(
+    helm: Helm, values: tuple[str, ...], router_flag: bool, server_flag: str | None
+) -> None:
+    docs = chartkit.objects(chartkit.render(helm, *values))
+    router = _by(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]
+    server = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]["containers"][0]
+    assert ("--rehome-sessions" in router["args"]) is router_flag
+    flags = {"--drain-handover", "--no-session-rehome"} & set(server["args"])
+    assert flags == ({server_flag} if server_flag else set())
+
+
 def test_the_router_answers_only_its_own_service_names(helm: Helm) -> None:
     docs = chartkit.objects(chartkit.render(helm, release="shop", namespace="tools"))
     args = _by(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
+from collections import Counter
 from collections.abc import Iterator
 
 import httpx
@@ -22,6 +24,7 @@ from fleetkit import scenarios
 from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.controlplane import wait_for
 from fleetkit.providers import Cluster
+from fleetkit.rawsession import bounded, open_sessions
 from mcpfleet.client import Trace, connect
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
 
@@ -173,6 +176,60 @@ async def test_helm_upgrade_rolls_the_routers_and_loses_no_round_and_no_session(
     assert len(routers) == 2 and not {p.metadata.name for p in routers} & old
     for pod in routers:
         assert pod.metadata.annotations["mcpfleet.dev/rolled"] == "1"
+
+
+async def _idle_sessions_through_a_replica_roll(
+    release: ChartFleet, count: int, mark: str
+) -> tuple[Counter[int], int, float]:
+    """``count`` idle sessions of a client that never re-initializes, a ``helm
+    upgrade`` that rolls the replicas (a pod annotation), one request on each:
+    (statuses, answers on the session's own id, seconds until the old pods were gone)."""
+    old = {p.metadata.name for p in release.pods("server")}
+    async with httpx.AsyncClient(timeout=60) as http:
+        sessions = await open_sessions(release.url, http, count)
+        started = time.monotonic()
+        await asyncio.to_thread(
+            release.upgrade, "--set-string", f"server.podAnnotations.mcpfleet\\.dev/rolled={mark}"
+        )
+        await asyncio.to_thread(
+            wait_for,
+            lambda: not old & {p.metadata.name for p in release.pods("server")},
+            timeout=300,
+            interval=1,
+            what="the old replicas gone",
+        )
+        took = time.monotonic() - started
+        answers = await bounded(sessions, lambda s: s.ping())
+    same_id = sum(
+        1
+        for s, a in zip(sessions, answers, strict=True)
+        if a.status_code == 200 and a.headers.get("mcp-session-id", s.session) == s.session
+    )
+    return Counter(a.status_code for a in answers), same_id, took
+
+
+async def test_helm_upgrade_under_idle_sessions_of_a_client_that_never_reinitializes(
+    release: ChartFleet,
+) -> None:
+    """50 idle handshake sessions through a rolling upgrade of the replicas, with
+    router.rehomeSessions off (each gets the spec's 404; each old replica waits out
+    its drain timeout for its idle sessions), then on (docs/rehome.md): 0
+    client-visible errors, the idle sessions handed over at once."""
+    count = 50
+    off, _, off_took = await _idle_sessions_through_a_replica_roll(release, count, "off")
+    # The mode on: the routers keep what re-opens a session; replicas hand over.
+    await asyncio.to_thread(release.upgrade, "--set", "router.rehomeSessions=true")
+    release.wait_serving(3, timeout=300)
+    on, on_kept, on_took = await _idle_sessions_through_a_replica_roll(release, count, "on")
+    print(
+        f"\n{count} idle sessions through helm upgrade of 3 replicas:"
+        f"\n  router.rehomeSessions=false: statuses {dict(off)},"
+        f" old replicas gone in {off_took:.0f} s"
+        f"\n  router.rehomeSessions=true : {on_kept}/{count} on their old id, statuses {dict(on)},"
+        f" old replicas gone in {on_took:.0f} s"
+    )
+    assert off == {404: count}
+    assert on_kept == count, on
 
 
 async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartFleet) -> None:

@@ -77,3 +77,46 @@ async def test_a_listening_get_counts_as_a_stream_not_a_request_in_flight() -> N
         await http.post("/mcp", content=b"{}", headers={"mcp-session-id": "s-1"})
     assert seen == [(1, 0), (0, 1)]
     assert (state.streams, state.inflight) == (0, 0)
+
+
+async def test_handover_refuses_idle_sessions_but_serves_sessions_with_a_request_in_flight() -> (
+    None
+):
+    import asyncio
+
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def slow_mcp(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "POST" and dict(scope["headers"]).get(b"x-hold"):
+            entered.set()
+            await release.wait()
+        await fake_mcp(scope, receive, send)
+
+    state = GateState(name="r1")
+    transport = httpx.ASGITransport(app=ReplicaGate(slow_mcp, state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as http:
+        await http.post("/mcp", content=b"{}")
+        state.sessions["s-busy"] = state.sessions["s-new"]
+        held = asyncio.create_task(
+            http.post("/mcp", content=b"{}", headers={"mcp-session-id": "s-busy", "x-hold": "1"})
+        )
+        await asyncio.wait_for(entered.wait(), 5)
+        state.draining, state.handover = True, True
+        idle = await http.post("/mcp", content=b"{}", headers={"mcp-session-id": "s-new"})
+        assert idle.status_code == 503 and idle.headers["x-mcpfleet-draining"] == "1"
+        busy = await http.post("/mcp", content=b"{}", headers={"mcp-session-id": "s-busy"})
+        assert busy.status_code == 200, "a session with work in flight is still served"
+        release.set()
+        assert (await held).status_code == 200
+    assert state.busy == {} and state.inflight == 0
+
+
+async def test_an_opened_session_names_the_apps_rehome_opt_out_and_no_principal_without_auth() -> (
+    None
+):
+    state = GateState(name="r1", rehome=False)
+    async with client(state) as http:
+        opened = await http.post("/mcp", content=b"{}")
+    assert opened.headers["x-mcpfleet-rehome"] == "0"
+    assert "x-mcpfleet-principal" not in opened.headers

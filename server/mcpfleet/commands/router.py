@@ -70,6 +70,19 @@ def add_parsers(sub: Any) -> None:
         f" before its graceful shutdown (default {rtr.drain_linger})",
     )
     r.add_argument(
+        "--rehome-sessions",
+        action="store_true",
+        default=rtr.rehome_sessions,
+        help="re-open an idle handshake session on a live replica when its own is gone,"
+        " keeping its Mcp-Session-Id (docs/rehome.md; default off)",
+    )
+    r.add_argument(
+        "--rehome-timeout",
+        type=positive,
+        default=rtr.rehome_timeout,
+        help=f"s a re-home may take, then 503 with Retry-After (default {rtr.rehome_timeout})",
+    )
+    r.add_argument(
         "--max-body-bytes",
         type=int,
         default=rtr.max_body_bytes,

@@ -58,6 +58,21 @@ def add_parsers(sub: Any) -> None:
         help="s a draining replica stays up at least, so every router sees it draining",
     )
     s.add_argument(
+        "--drain-handover",
+        action="store_true",
+        default=rep.drain_handover,
+        help="draining, hand idle sessions over to re-homing routers at once and wait only"
+        " for requests in flight (with routers run with --rehome-sessions)",
+    )
+    s.add_argument(
+        "--no-session-rehome",
+        dest="session_rehome",
+        action="store_false",
+        default=rep.session_rehome,
+        help="routers may not re-open this app's sessions on another replica"
+        " (for an app that keeps state of its own in a session; default: they may)",
+    )
+    s.add_argument(
         "--session-idle",
         type=positive,
         default=rep.session_idle,

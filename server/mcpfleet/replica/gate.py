@@ -13,11 +13,17 @@ An ASGI middleware around the FastMCP HTTP app that
   never end by themselves and must not hold a drain open);
 * once draining, refuses new sessions and stateless rounds with a 503 carrying
   ``X-Mcpfleet-Draining`` (the router may safely resend those elsewhere), while
-  requests of sessions it owns keep being served.
+  requests of sessions it owns keep being served (with ``drain_handover``,
+  docs/rehome.md, only those of sessions with a request in flight: the idle
+  ones are handed over to re-homing routers);
+* on the answer to an ``initialize`` that opened a session, names the
+  principal's digest (``X-Mcpfleet-Principal``) and whether the app allows
+  re-homing (``X-Mcpfleet-Rehome: 0`` when it does not), for the router.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +32,10 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.contract import (
+    CLIENT_SESSION_HEADER,
     DRAINING_HEADER,
+    PRINCIPAL_HEADER,
+    REHOME_HEADER,
     REPLICA_HEADER,
     SESSION_ENDED_HEADER,
     SESSION_HEADER,
@@ -35,6 +44,25 @@ from mcpfleet.httpio import jsonrpc_error, send_whole
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()
 _ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")
+_NO_REHOME = (REHOME_HEADER.lower().encode(), b"0")
+_PRINCIPAL = PRINCIPAL_HEADER.lower().encode()
+_CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
+
+
+def principal_digest(scope: Scope) -> str | None:
+    """A digest of the principal a request was authenticated as, or None without auth.
+
+    The same components the MCP SDK binds a session to (client id, issuer,
+    subject of the verified access token), hashed: the router compares digests
+    and never holds a token or a claim.
+    """
+    token = getattr(scope.get("user"), "access_token", None)
+    if token is None:
+        return None
+    from mcp.server.auth.provider import principal_components
+
+    parts = principal_components(token)
+    return hashlib.sha256(json.dumps(list(parts)).encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -47,6 +75,22 @@ class GateState:
     streams: int = 0
     sessions: dict[str, float] = field(default_factory=dict)
     session_idle: float = 1800.0
+    #: Whether routers may re-open this app's sessions elsewhere (ReplicaConfig.session_rehome).
+    rehome: bool = True
+    #: Set when a replica drains with ``drain_handover``: a request of a session
+    #: with no request in flight is refused as drained (503 with
+    #: X-Mcpfleet-Draining, nothing run), and the router re-homes the session;
+    #: sessions with work in flight keep being served until it ends.
+    handover: bool = False
+    #: Requests in flight (not GET streams) per session, for the handover.
+    busy: dict[str, int] = field(default_factory=dict)
+    #: The client's own id of a busy re-homed session (the router names it), by
+    #: this replica's id: the drain deadline marks the session lost under it.
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def busy_client_sessions(self) -> list[str]:
+        """The sessions with a request in flight, by the ids their clients use."""
+        return [self.aliases.get(s, s) for s in self.busy]
 
     def live_sessions(self, now: float | None = None) -> int:
         """Sessions active within the idle timeout; older ones are forgotten here.
@@ -126,7 +170,8 @@ class ReplicaGate:
         method: str = scope["method"]
         session = _header(scope, _SESSION_KEY)
         owned = session is not None and session in st.sessions
-        if st.draining and not owned:
+        handed_over = st.handover and owned and not st.busy.get(session or "")
+        if st.draining and (not owned or handed_over):
             await _plain(
                 send,
                 503,
@@ -146,6 +191,11 @@ class ReplicaGate:
             st.streams += 1
         else:
             st.inflight += 1
+            if owned and session is not None:
+                st.busy[session] = st.busy.get(session, 0) + 1
+                client_session = _header(scope, _CLIENT_SESSION)
+                if client_session is not None:
+                    st.aliases[session] = client_session
 
         async def stamped_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -157,6 +207,11 @@ class ReplicaGate:
                     created = next((v for k, v in headers if k == _SESSION_KEY), None)
                     if created is not None:
                         st.sessions[created.decode("latin-1")] = time.monotonic()
+                        digest = principal_digest(scope)
+                        if digest is not None:
+                            headers.append((_PRINCIPAL, digest.encode()))
+                        if not st.rehome:
+                            headers.append(_NO_REHOME)
                 if method == "DELETE" and session is not None and status < 300:
                     st.sessions.pop(session, None)
                 if status == 404 and session is not None and not owned:
@@ -173,5 +228,12 @@ class ReplicaGate:
                 st.streams -= 1
             else:
                 st.inflight -= 1
+                if owned and session is not None:
+                    left = st.busy.get(session, 1) - 1
+                    if left > 0:
+                        st.busy[session] = left
+                    else:
+                        st.busy.pop(session, None)
+                        st.aliases.pop(session, None)
             if owned and session is not None and session in st.sessions:
                 st.sessions[session] = time.monotonic()

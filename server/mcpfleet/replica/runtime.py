@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import (
+    LOST_AT_DRAIN_DEADLINE,
     MCP_PATH,
     Attestation,
     RedisKeys,
@@ -76,7 +77,9 @@ class Replica:
         self.name = config.resolved_name()
         self.address = config.resolved_address()
         self.started = time.time()
-        self.state = GateState(name=self.name, session_idle=config.session_idle)
+        self.state = GateState(
+            name=self.name, session_idle=config.session_idle, rehome=config.session_rehome
+        )
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
         self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
         self.mcp_app = load_app(config.app)
@@ -217,6 +220,7 @@ class Replica:
         flight, or the deadline passes."""
         cfg = self.config
         self.state.draining = True
+        self.state.handover = cfg.drain_handover and cfg.session_rehome
         if self.publisher is not None:
             self.publisher.publish_soon()
         log.info(
@@ -228,9 +232,18 @@ class Replica:
         started = time.monotonic()
         deadline = started + cfg.drain_timeout
         linger = started + min(cfg.drain_linger, cfg.drain_timeout)
+        # With the handover, idle sessions go to re-homing routers at once: their
+        # requests get the drain's 503 (nothing run), which routers answer by
+        # re-homing; the drain waits only for requests in flight (a tool call,
+        # a pending elicitation), and the linger lets every router see it.
+        handover = self.state.handover
         while time.monotonic() < deadline:
-            if self.state.idle() and time.monotonic() >= linger:
-                log.info("drained: no request in flight and no open session")
+            done = self.state.inflight == 0 if handover else self.state.idle()
+            if done and time.monotonic() >= linger:
+                log.info(
+                    "drained: no request in flight%s",
+                    " (idle sessions handed over)" if handover else " and no open session",
+                )
                 return
             await asyncio.sleep(0.1)
         log.warning(
@@ -238,6 +251,21 @@ class Replica:
             self.state.inflight,
             self.state.live_sessions(),
         )
+        if handover:
+            await self._mark_cut_sessions_lost()
+
+    async def _mark_cut_sessions_lost(self) -> None:
+        """Mark in Redis the sessions whose requests the drain deadline is about to cut,
+        before any of their streams ends: a re-homing router must answer their next
+        request with the 404, whatever it saw of the end (a stream may end cleanly)."""
+        sessions = self.state.busy_client_sessions()
+        if not sessions or self.publisher is None:
+            return
+        marked = await self.publisher.mark_lost(
+            sessions, LOST_AT_DRAIN_DEADLINE, self.config.redis_deadline
+        )
+        if marked:
+            log.info("%d session(s) with a request in flight marked lost", len(sessions))
 
 
 #: The MCP SDK's session manager logs every session id at INFO; a handshake

@@ -69,6 +69,22 @@ class RouterMetrics:
             registry=r,
         )
 
+        self.rehomed = Counter(
+            "mcpfleet_router_sessions_rehomed_total",
+            "Handshake sessions opened again on a live replica because their own was gone "
+            "(--rehome-sessions), by how the owner's absence was noticed.",
+            ["cause"],
+            registry=r,
+        )
+        self.lost = Counter(
+            "mcpfleet_router_sessions_lost_total",
+            "Handshake sessions ended with the 404 instead of re-homed (--rehome-sessions) "
+            "because work of theirs was in flight when their replica went, or the live "
+            "replica refused to open them again, by reason.",
+            ["reason"],
+            registry=r,
+        )
+
         #: Labelled children of the per-request metrics, by label values (bounded:
         #: route kinds x outcomes).
         self._requests: dict[tuple[str, str], Any] = {}

@@ -11,6 +11,10 @@ Per request (see :mod:`mcpfleet.router.decisions` for the pure decisions):
 * everything else (modern era, sessionless): to any serving replica, chosen
   by power of two choices on requests in flight, with no Redis on the path.
 
+With ``--rehome-sessions`` (:mod:`~mcpfleet.router.rehome`, docs/rehome.md), a
+session whose owner is gone is opened again on a live replica instead of the
+404, unless work of the session was in flight when the owner went.
+
 A request is first read whole and judged (:mod:`~mcpfleet.router.admission`:
 routing needs the body, read within a size and a time bound); the response,
 streams included, then passes through unbuffered
@@ -51,6 +55,8 @@ from starlette.types import Message, Receive, Scope, Send
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import (
     DRAINING_HEADER,
+    PRINCIPAL_HEADER,
+    REHOME_HEADER,
     ROUTER_ERROR_HEADER,
     SESSION_HEADER,
     RedisKeys,
@@ -69,8 +75,21 @@ from mcpfleet.router.decisions import (
     place_session,
     valid_session_id,
 )
+from mcpfleet.router.h1 import Broken, ConnectFailed, Response
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
+from mcpfleet.router.rehome import (
+    InitRecord,
+    Lost,
+    answers_gone_work,
+    client_session_line,
+    close_session,
+    initialize_params,
+    join_route,
+    reopen,
+    split_route,
+    swap_session,
+)
 from mcpfleet.router.table import (
     Health,
     LookupSource,
@@ -169,6 +188,12 @@ class Router:
             failover_wait=config.redis_failover_wait,
             negative_ttl=config.unknown_session_ttl,
         )
+        self.sessions.rehome = config.rehome_sessions
+        #: Requests (POST) in flight per session on this router: a session with
+        #: one when its owner went is not re-homed.
+        self._busy: dict[str, int] = {}
+        #: Re-homes this router runs now, by session: the new route, or None.
+        self._moving: dict[str, asyncio.Future[str | None]] = {}
         self.metrics = RouterMetrics()
         self.origin_policy = OriginPolicy.for_bind(
             config.host, config.allowed_hosts, config.allowed_origins
@@ -337,9 +362,9 @@ class Router:
                 jsonrpc_error(ErrorCode.INVALID_REQUEST, "Bad Request: malformed Mcp-Session-Id"),
             )
             return RequestOutcome.REJECTED
-        owner, source = await self.sessions.lookup(session)
+        route, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
-        if owner is None:
+        if route is None:
             if source is LookupSource.BUSY:
                 # A burst holds every Redis connection: the session may exist.
                 await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
@@ -352,16 +377,75 @@ class Router:
                 return RequestOutcome.UNAVAILABLE
             await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
             return RequestOutcome.CLIENT_ERROR
+        return await self._to_route(scope, receive, send, session, route, body, started)
+
+    async def _to_route(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        session: str,
+        route: str,
+        body: bytes,
+        started: float,
+        rehomed: bool = False,
+    ) -> RequestOutcome | Failure:
+        """Forward a session's request along its ``route``; an owner found gone
+        ends the session (the 404), or, re-homing, moves it (:meth:`_gone`).
+        ``rehomed``: the route was just made; an owner gone again is a 503."""
+        owner, upstream_session = split_route(route)
         address = await self.view.locate(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
-            return await self._owner_gone(send, session, owner, OwnerGone.DEREGISTERED)
-        outcome = await self._forward(
-            scope, receive, send, RouteKind.STICKY, owner, address, body, started, session
-        )
+            return await self._gone(
+                scope, receive, send, session, route, body, started, OwnerGone.DEREGISTERED, rehomed
+            )
+        alias: tuple[bytes, bytes] | None = None
+        forwarded = scope
+        if upstream_session is not None:
+            # The owner knows the session by its own id; answers carry the client's.
+            headers = swap_session(scope["headers"], session, upstream_session)
+            forwarded = {**scope, "headers": headers}
+            alias = (upstream_session.encode("latin-1"), session.encode("latin-1"))
+        posted = scope["method"] == "POST"
+        if posted:
+            self._busy[session] = self._busy.get(session, 0) + 1
+        try:
+            outcome = await self._forward(
+                forwarded,
+                receive,
+                send,
+                RouteKind.STICKY,
+                owner,
+                address,
+                body,
+                started,
+                session,
+                alias,
+            )
+            if (
+                self.config.rehome_sessions
+                and posted
+                and cancellations(body)
+                and await self._cut(owner, address, outcome)
+            ):
+                # Its owner may have gone while the request ran: whichever router
+                # the client turns to next must not re-home the session (its work
+                # is gone). Marked while the request still counts in flight here,
+                # so this router never re-homes it in between.
+                await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
+        finally:
+            if posted:
+                left = self._busy[session] - 1
+                if left:
+                    self._busy[session] = left
+                else:
+                    del self._busy[session]
         if outcome is Failure.REFUSED:
             self.view.drop_dead(owner)
-            return await self._owner_gone(send, session, owner, OwnerGone.REFUSED)
+            return await self._gone(
+                scope, receive, send, session, route, body, started, OwnerGone.REFUSED, rehomed
+            )
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
             await _retry_later(
@@ -369,13 +453,39 @@ class Router:
             )
             return RequestOutcome.UNAVAILABLE
         if outcome is Failure.DRAINING:
-            # Only a replica that no longer knows the session answers this way.
-            return await self._owner_gone(send, session, owner, OwnerGone.UNKNOWN_TO_OWNER)
+            # Only a replica that no longer knows the session (or, draining with
+            # the handover, hands it over) answers this way.
+            return await self._gone(
+                scope,
+                receive,
+                send,
+                session,
+                route,
+                body,
+                started,
+                OwnerGone.UNKNOWN_TO_OWNER,
+                rehomed,
+            )
         if outcome is Failure.DROPPED:
             # The owner may have run the request, so it goes nowhere else. An owner
             # that no longer takes connections died with the session: the spec's 404.
             if not await self.upstream.accepts(address):
                 self.view.drop_dead(owner)
+                if self.config.rehome_sessions and scope["method"] == "GET":
+                    # A stream's opening request has no effect to repeat.
+                    return await self._gone(
+                        scope,
+                        receive,
+                        send,
+                        session,
+                        route,
+                        body,
+                        started,
+                        OwnerGone.DIED,
+                        rehomed,
+                    )
+                if self.config.rehome_sessions:
+                    return await self._lose(send, session, owner, Lost.REQUEST_BROKE)
                 return await self._owner_gone(send, session, owner, OwnerGone.DIED)
             await _outcome_unknown(send, owner)
             return Failure.DROPPED
@@ -383,6 +493,275 @@ class Router:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.drop(session)
         return _outcome(outcome)
+
+    async def _cut(self, owner: str, address: str, outcome: int | Failure) -> bool:
+        """Whether a session's request that ended so may have been cut short with its owner.
+
+        A broken or dropped answer may: it counts at once, whether or not the
+        owner lives on (the mark matters only once the owner is gone, and a
+        SIGKILLed owner's port may still take a connection for an instant). So
+        may any end on a draining owner whose port then no longer takes
+        connections: its shutdown may end a running request's stream cleanly.
+        """
+        if outcome in (Failure.UPSTREAM_BROKE, Failure.DROPPED):
+            return True
+        att = self.view.get(owner)
+        if not isinstance(outcome, int) or att is None or att.state != "draining":
+            return False
+        return not await self.upstream.accepts(address)
+
+    async def _gone(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        session: str,
+        route: str,
+        body: bytes,
+        started: float,
+        cause: OwnerGone,
+        rehomed: bool,
+    ) -> RequestOutcome | Failure:
+        """The owner of ``session`` is gone: the 404, or, re-homing, a move."""
+        owner = split_route(route)[0]
+        if not self.config.rehome_sessions or scope["method"] == "DELETE":
+            return await self._owner_gone(send, session, owner, cause)
+        if rehomed:
+            # The replica just chosen went at once: the session stays re-homable.
+            await _retry_later(
+                send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        if self._busy.get(session):
+            return await self._lose(send, session, owner, Lost.IN_FLIGHT)
+        if scope["method"] == "POST" and answers_gone_work(body):
+            return await self._lose(send, session, owner, Lost.ANSWER_ORPHANED)
+        moved = await self._move(scope, send, session, route, cause)
+        if moved is None or isinstance(moved, (RequestOutcome, Failure)):
+            return moved or RequestOutcome.UNAVAILABLE
+        # The client's own headers go along (its session id swapped by _to_route).
+        return await self._to_route(scope, receive, send, session, moved, body, started, True)
+
+    async def _move(
+        self, scope: Scope, send: Send, session: str, route: str, cause: OwnerGone
+    ) -> str | RequestOutcome | Failure | None:
+        """Re-home ``session``: its new route, or the outcome of the answer sent instead.
+
+        Concurrent requests of the session on this router share one re-home;
+        across routers, one claim in Redis lets one router move it while the
+        others wait for the new route (each wait bounded by ``rehome_timeout``).
+        """
+        for _ in range(self.config.attempts):
+            pending = self._moving.get(session)
+            if pending is None:
+                break
+            try:
+                moved = await asyncio.wait_for(asyncio.shield(pending), self.config.rehome_timeout)
+            except TimeoutError:
+                await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
+                return RequestOutcome.UNAVAILABLE
+            if moved is not None:
+                return moved
+            # The other request's re-home failed (its credential, say): try with ours.
+        else:
+            await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
+            return RequestOutcome.UNAVAILABLE
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._moving[session] = future
+        result: str | RequestOutcome | Failure | None = None
+        try:
+            result = await self._lead_move(scope, send, session, route, cause)
+            return result
+        finally:
+            del self._moving[session]
+            future.set_result(result if isinstance(result, str) else None)
+
+    async def _lead_move(
+        self, scope: Scope, send: Send, session: str, route: str, cause: OwnerGone
+    ) -> str | RequestOutcome | Failure:
+        owner = split_route(route)[0]
+        try:
+            current_route, init_raw, lost_raw = await self.sessions.rehome_state(session)
+        except RedisDown as exc:
+            self.health.fail(exc)
+            await _retry_later(
+                send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        if lost_raw is not None:
+            reason = lost_raw.decode() if isinstance(lost_raw, bytes) else str(lost_raw)
+            return await self._lose(
+                send, session, owner, Lost(reason) if reason in set(Lost) else Lost.REQUEST_BROKE
+            )
+        if current_route is None:
+            # Ended meanwhile (a DELETE, an expiry): the session is unknown.
+            await self.sessions.drop(session)
+            await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
+            return RequestOutcome.OWNER_GONE
+        if current_route != route:
+            # Another router moved it already (this router's cache was stale).
+            self.sessions.remember(session, current_route)
+            return current_route
+        record = InitRecord.from_json(init_raw)
+        if record is None:
+            # Not re-homable (opened before the mode, the app opted out, too large).
+            return await self._owner_gone(send, session, owner, cause)
+        try:
+            claimed = await self.sessions.claim_move(session, self.config.rehome_timeout)
+        except RedisDown as exc:
+            self.health.fail(exc)
+            await _retry_later(
+                send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        if not claimed:
+            return await self._await_move(send, session, route)
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                await self.sessions.release_move(session)
+
+        async def send_released(message: Message) -> None:
+            # The claim goes before any answer: the client's next request must
+            # find the session free to re-home, not held by this one.
+            if message["type"] == "http.response.start":
+                await release()
+            await send(message)
+
+        moved = False
+        try:
+            async with asyncio.timeout(self.config.rehome_timeout):
+                result = await self._reopen(scope, send_released, session, owner, record, cause)
+            moved = isinstance(result, str)  # the move released the claim
+            return result
+        except TimeoutError:
+            log.warning("re-home of a session of %s timed out", owner)
+            await _retry_later(
+                send_released, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        finally:
+            if not moved:
+                await release()
+
+    async def _await_move(self, send: Send, session: str, route: str) -> str | RequestOutcome:
+        """Another router holds the session's move: its new route once written
+        (read every 50 ms, for at most ``rehome_timeout``), else a 503 to retry."""
+        deadline = time.monotonic() + self.config.rehome_timeout
+        while time.monotonic() < deadline:
+            try:
+                current = await self.sessions.route(session)
+            except RedisDown as exc:
+                self.health.fail(exc)
+                break
+            if current is None:
+                await _respond(
+                    send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found")
+                )
+                return RequestOutcome.OWNER_GONE
+            if current != route:
+                self.sessions.remember(session, current)
+                return current
+            await asyncio.sleep(0.05)
+        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
+        return RequestOutcome.UNAVAILABLE
+
+    async def _reopen(
+        self,
+        scope: Scope,
+        send: Send,
+        session: str,
+        owner: str,
+        record: InitRecord,
+        cause: OwnerGone,
+    ) -> str | RequestOutcome | Failure:
+        """Open the session again on a live replica (the claim is held): its new route."""
+        tried = {owner}
+        for _ in range(self.config.attempts):
+            choice = place_session(self.view.serving(exclude=tried), self.config.session_cap)
+            if choice is None:
+                break
+            tried.add(choice.name)
+            replica = self.view.get(choice.name)
+            if replica is None:
+                continue
+            self.view.note_placement(choice.name)
+            try:
+                reopened = await reopen(
+                    self.upstream.pool, replica.address, scope["headers"], record
+                )
+            except ConnectFailed:
+                self.view.drop_dead(replica.name)
+                continue
+            except (TimeoutError, Broken) as exc:
+                # An initialize has no effect but a session, which idles out unused.
+                log.info("re-home on %s failed: %s", replica.name, type(exc).__name__)
+                continue
+            if reopened.status in (401, 403):
+                # The current credential does not open sessions: the client hears why.
+                extra = [
+                    (k, v)
+                    for k, v in reopened.raw_headers
+                    if k.lower() in (b"www-authenticate", b"content-type")
+                ]
+                await send_whole(send, reopened.status, reopened.body, headers=extra)
+                return RequestOutcome.CLIENT_ERROR
+            if reopened.status == 503:
+                continue  # draining, or at its session limit: another replica
+            if reopened.session is None:
+                return await self._lose(send, session, owner, Lost.REFUSED)
+            if not reopened.allowed or reopened.principal != record.principal:
+                # Another principal's credential (or an app that no longer allows
+                # it): the same 404 as an unknown session; the original is untouched.
+                await self._close_quietly(replica.address, scope, reopened.session)
+                if not reopened.allowed:
+                    return await self._owner_gone(send, session, owner, cause)
+                log.info("re-home refused: the credential is not the session owner's")
+                await _respond(
+                    send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found")
+                )
+                return RequestOutcome.OWNER_GONE
+            try:
+                lost = await self.sessions.lost(session)
+                if lost is None:
+                    new_route = join_route(replica.name, reopened.session)
+                    await self.sessions.move(session, new_route)
+            except RedisDown as exc:
+                self.health.fail(exc)
+                await self._close_quietly(replica.address, scope, reopened.session)
+                await _retry_later(
+                    send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+                )
+                return RequestOutcome.UNAVAILABLE
+            if lost is not None:
+                # A router marked it lost while this one re-opened it.
+                await self._close_quietly(replica.address, scope, reopened.session)
+                return await self._lose(send, session, owner, Lost.REQUEST_BROKE)
+            self.metrics.rehomed.labels(cause).inc()
+            log.info("session of %s re-homed on %s (%s)", owner, replica.name, cause)
+            return new_route
+        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "No serving replica")
+        return RequestOutcome.NO_REPLICA
+
+    async def _close_quietly(self, address: str, scope: Scope, upstream_session: str) -> None:
+        """DELETE a session the router opened and will not use; failures only logged."""
+        try:
+            async with asyncio.timeout(self.config.connect_timeout + 1.0):
+                await close_session(self.upstream.pool, address, scope["headers"], upstream_session)
+        except (ConnectFailed, Broken, TimeoutError) as exc:
+            log.info("unused re-home session not closed: %s", type(exc).__name__)
+
+    async def _lose(self, send: Send, session: str, owner: str, reason: Lost) -> RequestOutcome:
+        """The session had work in flight when its owner went (or cannot be opened
+        again): it ends with the spec's 404, counted by reason."""
+        log.info("session of %s ended, not re-homed: %s", owner, reason)
+        self.metrics.lost.labels(reason).inc()
+        await self.sessions.drop(session)
+        await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
+        return RequestOutcome.OWNER_GONE
 
     async def _owner_gone(
         self, send: Send, session: str, owner: str, reason: OwnerGone
@@ -448,6 +827,7 @@ class Router:
         body: bytes,
         started: float,
         session: str | None = None,
+        alias: tuple[bytes, bytes] | None = None,
     ) -> int | Failure:
         """Forward one request to replica ``name`` through :attr:`upstream`.
 
@@ -462,7 +842,13 @@ class Router:
         try:
             try:
                 upstream = await _unless_client_leaves(
-                    self.upstream.open(scope, name, address, body),
+                    self.upstream.open(
+                        scope,
+                        name,
+                        address,
+                        body,
+                        client_session_line(session) if alias and session else b"",
+                    ),
                     scope,
                     receive,
                     self.loop or asyncio.get_running_loop(),
@@ -484,14 +870,14 @@ class Router:
                 if kind is RouteKind.INITIALIZE and upstream.status == 200:
                     created = upstream.headers.get(SESSION_HEADER)
                     if created and valid_session_id(created):
-                        await self.sessions.record(created, name)
+                        await self.sessions.record(created, name, self._init_record(upstream, body))
                 elif session is not None and session_ended(upstream):
                     await self.sessions.drop(session)
             except BaseException:
                 upstream.close()
                 raise
             self.metrics.observe_latency(kind.value, time.perf_counter() - started)
-            result = await self.upstream.relay(upstream, address, receive, send)
+            result = await self.upstream.relay(upstream, address, receive, send, alias)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
             elif result is Failure.DISCONNECTED:
@@ -499,6 +885,15 @@ class Router:
             return result
         finally:
             self.view.inflight[name] -= 1
+
+    def _init_record(self, upstream: Response, body: bytes) -> str | None:
+        """What re-opens a new session elsewhere, when re-homing is on and the app allows it."""
+        if not self.config.rehome_sessions or upstream.headers.get(REHOME_HEADER) == "0":
+            return None
+        params = initialize_params(body)
+        if params is None:
+            return None
+        return InitRecord(params, upstream.headers.get(PRINCIPAL_HEADER) or "").to_json()
 
     def _cancelled(
         self, kind: RouteKind, scope: Scope, address: str, body: bytes, session: str | None

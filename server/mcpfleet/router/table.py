@@ -9,6 +9,10 @@ it. A session never moves, so a cached owner stays valid until that owner
 leaves; Redis is read on a cache miss only, and written when a session opens.
 Entries expire with the session idle timeout, refreshed at most every quarter
 of it. Sessions opened while Redis was down are written once it returns.
+With re-homing on (:mod:`mcpfleet.router.rehome`), each session also has an
+``init`` record beside its route (written in the same round trip), a ``lost``
+mark once its owner went with work in flight, and a ``moving`` claim while
+one router re-homes it; a re-homed session's route names its new owner.
 """
 
 from __future__ import annotations
@@ -309,6 +313,8 @@ class SessionTable:
         self._pending: dict[str, list[asyncio.Future[bytes | str | None]]] = {}
         self._flush_soon = False
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Whether sessions have ``init`` records to keep alive and drop (re-homing on).
+        self.rehome = False
 
     def _remember(self, session: str, owner: str, touched: float) -> None:
         self._cache[session] = (owner, touched)
@@ -406,25 +412,107 @@ class SessionTable:
         """Sessions opened while Redis (or this router's pool) could not take them."""
         return bool(self._unsaved)
 
-    async def record(self, session: str, owner: str) -> None:
-        """Remember a new session's owner; written to Redis before the client hears of it."""
+    async def record(self, session: str, owner: str, init: str | None = None) -> None:
+        """Remember a new session's owner (and its ``init`` record, to re-home it);
+        written to Redis before the client hears of it, in one round trip."""
         self._remember(session, owner, time.monotonic())
         self._unknown.pop(session, None)
+        px = int(self.ttl * 1000)
         try:
-            await within(
-                self.deadline,
-                self.client.set(self.keys.session(session), owner, px=int(self.ttl * 1000)),
-            )
+            if init is None:
+                await within(
+                    self.deadline, self.client.set(self.keys.session(session), owner, px=px)
+                )
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.set(self.keys.session(session), owner, px=px)
+                pipe.set(self.keys.session_init(session), init, px=px)
+                await within(self.deadline, pipe.execute())
         except RedisDown as exc:
             self.health.fail(exc)
             self._unsaved[session] = owner
+
+    async def rehome_state(
+        self, session: str
+    ) -> tuple[str | None, bytes | str | None, bytes | str | None]:
+        """The route as Redis holds it now (not the cache), the ``init`` record and
+        the ``lost`` mark of ``session``, in one round trip (raises RedisDown)."""
+        keys = [
+            self.keys.session(session),
+            self.keys.session_init(session),
+            self.keys.session_lost(session),
+        ]
+        route, init, lost = await within(self.deadline, self.client.mget(keys))
+        if isinstance(route, bytes):
+            route = route.decode()
+        return route, init, lost
+
+    async def lost(self, session: str) -> bytes | str | None:
+        """The ``lost`` mark of ``session``, if any (raises RedisDown)."""
+        mark: bytes | str | None = await within(
+            self.deadline, self.client.get(self.keys.session_lost(session))
+        )
+        return mark
+
+    async def mark_lost(self, session: str, reason: str) -> None:
+        """Mark ``session`` lost: no router re-homes it; its next request gets the 404.
+        Best effort within the deadline (a Redis that cannot take it is logged)."""
+        try:
+            await within(
+                self.deadline,
+                self.client.set(self.keys.session_lost(session), reason, px=int(self.ttl * 1000)),
+            )
+        except RedisDown as exc:
+            self.health.fail(exc)
+            log.warning("session lost (%s), but the mark could not be written: %s", reason, exc)
+
+    async def claim_move(self, session: str, seconds: float) -> bool:
+        """Claim the re-home of ``session`` for ``seconds``; False if another router holds it."""
+        claimed = await within(
+            self.deadline,
+            self.client.set(
+                self.keys.session_moving(session), b"1", nx=True, px=max(1, int(seconds * 1000))
+            ),
+        )
+        return bool(claimed)
+
+    async def release_move(self, session: str) -> None:
+        try:
+            await within(self.deadline, self.client.delete(self.keys.session_moving(session)))
+        except RedisDown as exc:
+            self.health.fail(exc)
+
+    async def route(self, session: str) -> str | None:
+        """The route of ``session`` as Redis holds it now, not the cache (raises RedisDown)."""
+        raw = await within(self.deadline, self.client.get(self.keys.session(session)))
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    async def move(self, session: str, route: str) -> None:
+        """Point ``session`` at its new route (re-homed), refreshing its ``init`` record;
+        the claim is released in the same round trip (raises RedisDown)."""
+        px = int(self.ttl * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.keys.session(session), route, px=px)
+        pipe.pexpire(self.keys.session_init(session), px)
+        pipe.delete(self.keys.session_moving(session))
+        await within(self.deadline, pipe.execute())
+        self._remember(session, route, time.monotonic())
+
+    def remember(self, session: str, route: str) -> None:
+        """Cache the route another router gave ``session`` (it re-homed it)."""
+        self._remember(session, route, time.monotonic())
 
     async def drop(self, session: str) -> None:
         """The session ended (or its owner is gone): its route goes from the cache and Redis."""
         self._cache.pop(session, None)
         self._unsaved.pop(session, None)
+        keys = [self.keys.session(session)]
+        if self.rehome:
+            keys += [self.keys.session_init(session), self.keys.session_lost(session)]
         try:
-            await within(self.deadline, self.client.delete(self.keys.session(session)))
+            await within(self.deadline, self.client.delete(*keys))
         except RedisDown as exc:
             self.health.fail(exc)
 
@@ -455,6 +543,12 @@ class SessionTable:
 
     async def _touch(self, session: str) -> None:
         try:
+            if self.rehome:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.pexpire(self.keys.session(session), int(self.ttl * 1000))
+                pipe.pexpire(self.keys.session_init(session), int(self.ttl * 1000))
+                await pipe.execute()
+                return
             await self.client.pexpire(self.keys.session(session), int(self.ttl * 1000))
         except RedisDown as exc:
             self.health.fail(exc)

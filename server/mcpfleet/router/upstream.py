@@ -18,10 +18,14 @@ from urllib.parse import urlsplit
 from starlette.types import Message, Receive, Scope, Send
 
 from mcpfleet.contract import (
+    CLIENT_SESSION_HEADER,
     DRAINING_HEADER,
+    PRINCIPAL_HEADER,
+    REHOME_HEADER,
     REPLICA_HEADER,
     ROUTER_ERROR_HEADER,
     SESSION_ENDED_HEADER,
+    SESSION_HEADER,
 )
 from mcpfleet.router.h1 import Broken, ConnectFailed, Pool, Response
 
@@ -50,10 +54,16 @@ _CLIENT_MAY_NOT_SET = frozenset(
         DRAINING_HEADER.lower(),
         ROUTER_ERROR_HEADER.lower(),
         SESSION_ENDED_HEADER.lower(),
+        PRINCIPAL_HEADER.lower(),
+        REHOME_HEADER.lower(),
+        CLIENT_SESSION_HEADER.lower(),
     }
 )
 #: Replica response headers meant for the router only, never relayed to a client.
-_INTERNAL = frozenset({SESSION_ENDED_HEADER.lower()})
+_INTERNAL = frozenset(
+    {SESSION_ENDED_HEADER.lower(), PRINCIPAL_HEADER.lower(), REHOME_HEADER.lower()}
+)
+_SESSION = SESSION_HEADER.lower()
 #: Replica response headers the router replaces with its own (uvicorn adds them
 #: to every response): forwarding them too would repeat them.
 _REPLACED_BY_ROUTER = frozenset({"date", "server"})
@@ -124,13 +134,17 @@ def forward_header_block(raw: list[tuple[bytes, bytes]], client: str | None) -> 
     return b"".join(lines)
 
 
-def response_headers(resp: Response, replica_base: str) -> list[tuple[bytes, bytes]]:
+def response_headers(
+    resp: Response, replica_base: str, alias: tuple[bytes, bytes] | None = None
+) -> list[tuple[bytes, bytes]]:
     """The replica's response headers as the client should see them.
 
     Hop-by-hop headers are dropped, and so are ``date``/``server`` (the router
     sets its own). A ``location`` pointing at the replica's own address (the
     app's trailing-slash redirect) is made relative, so a client that follows
-    it comes back through the router instead of going around it.
+    it comes back through the router instead of going around it. ``alias``
+    (the replica's session id, the client's) puts a re-homed session's own id
+    back in ``Mcp-Session-Id``.
     """
     drop = HOP_BY_HOP | _REPLACED_BY_ROUTER | _INTERNAL
     drop |= {t.strip().lower() for t in (resp.headers.get("connection") or "").split(",")}
@@ -141,6 +155,8 @@ def response_headers(resp: Response, replica_base: str) -> list[tuple[bytes, byt
             continue
         if name == "location" and v.decode("latin-1").startswith(replica_base + "/"):
             v = v[len(replica_base) :]
+        elif alias is not None and name == _SESSION and v == alias[0]:
+            v = alias[1]
         out.append((k, v))
     return out
 
@@ -179,19 +195,22 @@ class Upstream:
     async def close(self) -> None:
         self.pool.close()
 
-    async def open(self, scope: Scope, name: str, address: str, body: bytes) -> Response | Failure:
+    async def open(
+        self, scope: Scope, name: str, address: str, body: bytes, extra: bytes = b""
+    ) -> Response | Failure:
         """Send the client's request to replica ``name`` at ``address``.
 
         Returns once the response headers arrived, or the :class:`Failure`
         that proves the replica did no work (refused, timed out connecting).
         Raises :class:`Dropped` when it failed once the request may have been
         written: then it is never sent again, to this replica or another.
+        ``extra``: header lines the router adds (``name: value\\r\\n``).
         """
         target: bytes = scope["raw_path"]
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         client = scope.get("client")
-        headers = forward_header_block(scope["headers"], client[0] if client else None)
+        headers = forward_header_block(scope["headers"], client[0] if client else None) + extra
         try:
             return await self.pool.request(
                 address, scope["method"].encode("latin-1"), target, headers, body
@@ -240,7 +259,12 @@ class Upstream:
         return True
 
     async def relay(
-        self, upstream: Response, address: str, receive: Receive, send: Send
+        self,
+        upstream: Response,
+        address: str,
+        receive: Receive,
+        send: Send,
+        alias: tuple[bytes, bytes] | None = None,
     ) -> int | Failure:
         """Relay the opened response to the client, then release or close it.
 
@@ -256,7 +280,7 @@ class Upstream:
                 {
                     "type": "http.response.start",
                     "status": upstream.status,
-                    "headers": response_headers(upstream, address),
+                    "headers": response_headers(upstream, address, alias),
                 }
             )
             length = upstream.content_length
