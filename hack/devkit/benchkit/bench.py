@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -365,9 +366,17 @@ async def measure(quick: bool, results: Figures, scale_only: bool = False) -> li
         rows += await asyncio.to_thread(router_cpu_rows, lf, quick)
         from benchkit.routercost import router_cost_rows  # issue 26's router targets
 
+        kept: list[Any] = []
+        workers = children(nginx[0].pid) if nginx is not None else []
         rows += await asyncio.to_thread(
-            router_cost_rows, lf, proxies.get("nginx (round robin)"), quick
+            router_cost_rows,
+            lf,
+            proxies.get("nginx (round robin)"),
+            quick,
+            keep=kept,
+            nginx_pid=workers[0] if workers else None,
         )
+        results.router = kept[0] if kept else None
         shares = await spread(lf.url, 90)
         rows.append(
             (
@@ -507,11 +516,18 @@ def main() -> None:
         help="only the replica's CPU per round beside plain FastMCP (benchkit.roundcost)",
     )
     args = parser.parse_args()
+    from benchkit.summary import render_summary
+
+    started = time.monotonic()
     if args.rounds_only:
         from benchkit.roundcost import round_cost_rows
 
+        kept: dict[str, Any] = {}
         print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
-        print(render(round_cost_rows(args.quick)))
+        print(render(round_cost_rows(args.quick, keep=kept)))
+        print()
+        print(render_summary(kept, None))
+        print(f"\n{_took(started)}; {_load()}")
         return
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
@@ -521,7 +537,7 @@ def main() -> None:
     if not args.scale_only:
         from benchkit.roundcost import round_cost_rows
 
-        rows += round_cost_rows(args.quick)
+        rows += round_cost_rows(args.quick, keep=results.rounds)
     if not args.scale_only:
         from benchkit.oncebench import once_rows
 
@@ -540,6 +556,22 @@ def main() -> None:
     rows += target_rows(results)
     print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print(render(rows))
+    summary = render_summary(results.rounds or None, results.router)
+    if summary:
+        print("\nIssue 26, every set-up and target from this run:\n")
+        print(summary)
+    print(f"\n{_took(started)}; {_load()}")
+
+
+def _took(started: float) -> str:
+    took = time.monotonic() - started
+    return f"bench took {int(took // 60)} min {int(took % 60)} s"
+
+
+def _load() -> str:
+    """The machine's load average (1, 5, 15 min) as the run ends: the machine may be shared."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":

@@ -302,7 +302,7 @@ def rows_of(servers: dict[str, Server], flows: int) -> list[Row]:
             f"target: once=True adds <= {ONCE_CPU_TARGET_US:.0f} us CPU to the answer round",
             f"{added_cpu:+.0f} us ({once.answer_us:.0f} vs {rep.answer_us:.0f})",
             _verdict(added_cpu <= ONCE_CPU_TARGET_US),
-            "one claim + confirm in Redis; the result's store after the answer",
+            "one claim-and-confirm in Redis; the result's store after the answer",
         )
     )
     added_p50 = statistics.median(once.answer_ms) - statistics.median(rep.answer_ms)
@@ -317,12 +317,16 @@ def rows_of(servers: dict[str, Server], flows: int) -> list[Row]:
     return rows
 
 
-def round_cost_rows(quick: bool) -> list[Row]:
-    """The rows :mod:`benchkit.bench` prints (``--rounds-only`` prints only these)."""
+def round_cost_rows(quick: bool, keep: dict[str, Server] | None = None) -> list[Row]:
+    """The rows :mod:`benchkit.bench` prints (``--rounds-only`` prints only these);
+    the servers measured go into ``keep`` too (for :mod:`benchkit.summary`)."""
     flows, slice_flows = (400, 50) if quick else (2000, 100)
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-rounds-"))
     try:
-        return rows_of(measure(flows, slice_flows, work), flows)
+        servers = measure(flows, slice_flows, work)
+        if keep is not None:
+            keep.update(servers)
+        return rows_of(servers, flows)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

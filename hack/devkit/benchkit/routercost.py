@@ -222,9 +222,13 @@ def router_cost_rows(
     quick: bool,
     extra: Sequence[tuple[str, str, int]] = (),
     slices: int | None = None,
+    keep: list[Figures] | None = None,
+    nginx_pid: int | None = None,
 ) -> list[Row]:
     """``make bench``'s hook: the rows above for ``lf``'s first router (and ``extra``
-    routers as (name, url, pid)), beside ``nginx`` (a URL) if it runs."""
+    routers as (name, url, pid)), beside ``nginx`` (a URL) if it runs (its CPU
+    counted when ``nginx_pid`` is its worker's). The figures go into ``keep`` too
+    (for :mod:`benchkit.summary`)."""
     replicas = [f"{m.url}/mcp" for m in lf.members.values()]
     owner = sorted(lf.members)[0]
     popen = lf.router_procs[0].popen
@@ -232,13 +236,15 @@ def router_cost_rows(
     paths.append(Path_(ROUTER, lf.url, popen.pid if popen else None, sticky=lf.url))
     paths += [Path_(name, url, pid, sticky=url) for name, url, pid in extra]
     if nginx is not None:
-        paths.append(Path_(NGINX, nginx))
+        paths.append(Path_(NGINX, nginx, nginx_pid))
     ids = Path(tempfile.mkstemp(prefix="mcpfleet-routercost-", suffix=".txt")[1])
     try:
         ids.write_text("".join(f"{s}\n" for s in open_sessions(lf.url, owner, 8)))
         fig = measure(paths, [*replicas], ids, slices=2 if quick else 4, seconds=1 if quick else 2)
     finally:
         ids.unlink(missing_ok=True)
+    if keep is not None:
+        keep.append(fig)
     return rows(fig, [ROUTER, *(name for name, _, _ in extra)])
 
 

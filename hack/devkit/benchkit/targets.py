@@ -6,9 +6,14 @@ figures (side-by-side ratios from one run on a shared machine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from benchkit.hotpath import DIRECT, NGINX, ROUTER, HotPath
+
+if TYPE_CHECKING:
+    from benchkit import routercost
+    from benchkit.roundcost import Server
 
 Row = tuple[str, str, str, str]
 KIB = 1024
@@ -20,6 +25,10 @@ class Figures:
     #: Bytes per live handshake session (RSS / INFO memory deltas over the sessions).
     router_bytes_per_session: float | None = None
     redis_bytes_per_session: float | None = None
+    #: Issue 26's figures (:mod:`benchkit.summary`): the round-cost servers, by name,
+    #: and the router-cost run's figures.
+    rounds: dict[str, Server] = field(default_factory=dict)
+    router: routercost.Figures | None = None
 
 
 def _verdict(ok: bool) -> str:
