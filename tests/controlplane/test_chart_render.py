@@ -154,6 +154,7 @@ def test_kubeconform_refuses_a_bad_service_monitor(helm: Helm, schemas: Path) ->
         ),
         ("fleet=Not_A_Label", "/fleet'"),
         ("server.replicas=0", "/server/replicas': minimum"),
+        ("server.tasks.concurrency=0", "/server/tasks/concurrency': minimum"),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy': value must be one of"),
         ("serverr.replicas=2", "additional properties 'serverr' not allowed"),
         ("image.digest=latest", "/image/digest'"),
@@ -316,6 +317,31 @@ def test_the_grace_period_covers_the_prestop_pause_and_the_drain_deadline(helm: 
     assert env["POD_NAME"] == "metadata.name" and env["POD_IP"] == "status.podIP"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_the_task_values_reach_the_replicas_flags_with_the_replicas_own_defaults(
+    helm: Helm,
+) -> None:
+    from mcpfleet.config import ReplicaConfig
+
+    def flags(*args: str) -> dict[str, float]:
+        docs = chartkit.objects(chartkit.render(helm, *args))
+        (container,) = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]["containers"]
+        pairs = (a.split("=", 1) for a in container["args"] if a.startswith("--tasks-"))
+        return {k: float(v) for k, v in pairs}
+
+    defaults = ReplicaConfig(keys_dir=Path("."))
+    assert flags() == {
+        "--tasks-redelivery": defaults.tasks_redelivery,
+        "--tasks-concurrency": defaults.tasks_concurrency,
+        "--tasks-deadline": defaults.tasks_deadline,
+    }
+    tuned = "server.tasks.redelivery=12,server.tasks.concurrency=4,server.tasks.deadline=3"
+    assert flags("--set", tuned) == {
+        "--tasks-redelivery": 12,
+        "--tasks-concurrency": 4,
+        "--tasks-deadline": 3,
+    }
 
 
 def test_the_router_answers_only_its_own_service_names(helm: Helm) -> None:
