@@ -34,6 +34,7 @@ random bytes, and it is stored under its creator's scope (client id and
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextvars
 import functools
 import importlib
@@ -50,6 +51,7 @@ from mcp_types import INTERNAL_ERROR
 
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import RedisKeys
+from mcpfleet.keys.ring import KeyRing, RingKey
 from mcpfleet.redisconn import RedisFiles, queue_target, settings
 
 log = logging.getLogger("mcpfleet.tasks")
@@ -196,7 +198,10 @@ def install_tasks(app: Any, queue: FleetQueue) -> bool:
 
 
 def wire_tasks(
-    app: Any, queue: FleetQueue, observe: TaskObserver | None = None
+    app: Any,
+    queue: FleetQueue,
+    observe: TaskObserver | None = None,
+    sealer: RingSnapshotCodec | None = None,
 ) -> FleetTasks | None:
     """Wire ``app``'s tasks extension to the fleet's queue; None when it has none.
 
@@ -241,7 +246,7 @@ def wire_tasks(
     # FastMCP's registration replaces the predecessor's methods (tasks/get,
     # tasks/update, tasks/cancel) with ours; add_extension refuses a second one.
     app._install_extension(ours)
-    handle = FleetTasks(app, queue, observe)
+    handle = FleetTasks(app, queue, observe, sealer)
     _bound_creation(queue.deadline)
     _observe_engine(handle)
     _scrub_stored_snapshots()
@@ -313,7 +318,8 @@ def _scrub_stored_snapshots() -> None:
         return
 
     def scrubbing_codec() -> Any:
-        return _Scrubbing(current())
+        sealer = _current.sealer if _current is not None else None
+        return _Scrubbing(sealer if sealer is not None else current())
 
     scrubbing_codec._mcpfleet_scrubbing = True  # type: ignore[attr-defined]
     context.snapshot_codec = scrubbing_codec
@@ -353,10 +359,18 @@ class FleetTasks:
     has no task tools) there is nothing to read or drain.
     """
 
-    def __init__(self, app: Any, queue: FleetQueue, observe: TaskObserver | None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        queue: FleetQueue,
+        observe: TaskObserver | None,
+        sealer: RingSnapshotCodec | None = None,
+    ) -> None:
         self.app = app
         self.queue = queue
         self._observe = observe
+        #: Encrypts the stored snapshots (``--tasks-encrypt``), or None.
+        self.sealer = sealer
         self._tools: set[str] = set()
         #: The asyncio tasks of the executions this replica's worker runs.
         self.running: set[asyncio.Task[Any]] = set()
@@ -657,3 +671,89 @@ def _asks(result: Any) -> bool:
 
 def _is_error(result: Any) -> bool:
     return bool(getattr(result, "is_error", False) or getattr(result, "isError", False))
+
+
+# --- stored snapshots encrypted under the key ring ----------------------------------------
+
+#: How a snapshot the fleet sealed is stored: ``mcpfleet:v1:<kid>:<Fernet token>``.
+SEALED_PREFIX = "mcpfleet:v1:"
+#: HKDF's info for a ring key's snapshot key: a key of its own, never the one
+#: request-state tokens are sealed with.
+SNAPSHOT_KEY_INFO = b"mcpfleet/tasks/snapshot/v1"
+
+
+class RingSnapshotCodec:
+    """Task snapshots sealed under the replica's key ring (``--tasks-encrypt``).
+
+    The engine's own encryption reads one key from an environment variable;
+    the fleet puts no secret there. This codec takes its keys from the
+    request-state key ring the replica already loads from its Secret volume
+    (written by the operator, hot-reloaded): a Fernet key per ring key,
+    derived with HKDF-SHA256 (info :data:`SNAPSHOT_KEY_INFO`). It seals with
+    the ring's first key and names that key's kid in the stored value; it
+    opens a value with the key its kid names, if the ring holds it. So a
+    rotation (stage, promote, retire) loses no task as long as the old key is
+    retired only after no snapshot it sealed is still to be read. Anything
+    else fails closed: a plaintext snapshot, one sealed by a key the ring no
+    longer holds, or a tampered one fails its task rather than run it as
+    someone else (the engine's contract for a protected codec).
+    """
+
+    protected = True
+
+    def __init__(
+        self, ring: Callable[[], KeyRing], observe: Callable[[str, str], None] | None = None
+    ) -> None:
+        self._ring = ring
+        self._observe = observe
+        self._fernets: dict[tuple[str, int], Any] = {}
+
+    def _fernet(self, key: RingKey) -> Any:
+        from cryptography.fernet import Fernet
+        from cryptography.hazmat.primitives.hashes import SHA256
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        cached = self._fernets.get((key.kid, id(key)))
+        if cached is None:
+            derived = HKDF(SHA256(), 32, salt=None, info=SNAPSHOT_KEY_INFO).derive(key.secret)
+            cached = Fernet(base64.urlsafe_b64encode(derived))
+            self._fernets = {k: v for k, v in self._fernets.items() if k[0] in self._kids()}
+            self._fernets[(key.kid, id(key))] = cached
+        return cached
+
+    def _kids(self) -> tuple[str, ...]:
+        return self._ring().kids
+
+    def encode(self, payload: str) -> str:
+        key = self._ring().keys[0]
+        token = self._fernet(key).encrypt(payload.encode()).decode()
+        if self._observe is not None:
+            self._observe("seal", key.kid)
+        return f"{SEALED_PREFIX}{key.kid}:{token}"
+
+    def decode(self, stored: str | bytes) -> str:
+        from cryptography.fernet import InvalidToken
+        from fastmcp_tasks.encryption import SnapshotDecryptionError
+
+        text = stored.decode() if isinstance(stored, bytes) else stored
+        if not text.startswith(SEALED_PREFIX):
+            raise SnapshotDecryptionError(
+                "The stored task snapshot is not sealed by the fleet (--tasks-encrypt): refused."
+            )
+        kid, _, token = text[len(SEALED_PREFIX) :].partition(":")
+        ring = self._ring()
+        key = next((k for k in ring.keys if k.kid == kid), None)
+        if key is None:
+            raise SnapshotDecryptionError(
+                f"The stored task snapshot was sealed with key {kid}, which this replica's "
+                f"key ring ({', '.join(ring.kids)}) no longer holds."
+            )
+        try:
+            payload = str(self._fernet(key).decrypt(token.encode()).decode())
+        except InvalidToken as exc:
+            raise SnapshotDecryptionError(
+                f"The stored task snapshot does not open with key {kid}: tampered."
+            ) from exc
+        if self._observe is not None:
+            self._observe("unseal", kid)
+        return payload

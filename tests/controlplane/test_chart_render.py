@@ -327,8 +327,9 @@ def test_the_task_values_reach_the_replicas_flags_with_the_replicas_own_defaults
     def flags(*args: str) -> dict[str, float]:
         docs = chartkit.objects(chartkit.render(helm, *args))
         (container,) = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]["containers"]
-        pairs = (a.split("=", 1) for a in container["args"] if a.startswith("--tasks-"))
-        return {k: float(v) for k, v in pairs}
+        tasks = [a for a in container["args"] if a.startswith("--tasks-")]
+        pairs = (a.split("=", 1) for a in tasks if "=" in a)
+        return {k: float(v) for k, v in pairs} | {a: 1.0 for a in tasks if "=" not in a}
 
     defaults = ReplicaConfig(keys_dir=Path("."))
     assert flags() == {
@@ -336,11 +337,16 @@ def test_the_task_values_reach_the_replicas_flags_with_the_replicas_own_defaults
         "--tasks-concurrency": defaults.tasks_concurrency,
         "--tasks-deadline": defaults.tasks_deadline,
     }
-    tuned = "server.tasks.redelivery=12,server.tasks.concurrency=4,server.tasks.deadline=3"
+    assert defaults.tasks_encrypt is False
+    tuned = (
+        "server.tasks.redelivery=12,server.tasks.concurrency=4,server.tasks.deadline=3,"
+        "server.tasks.encrypt=true"
+    )
     assert flags("--set", tuned) == {
         "--tasks-redelivery": 12,
         "--tasks-concurrency": 4,
         "--tasks-deadline": 3,
+        "--tasks-encrypt": 1,
     }
 
 

@@ -625,7 +625,7 @@ def test_a_draining_replica_takes_no_new_task_and_finishes_or_hands_back_what_it
             lambda: "takes no new task" in proc.tail(200), timeout=10, what="the worker to stop"
         )
         later = run([f"n{i}" for i in range(6)], 0.2)
-        survivor = next(r for n, r in lf.members.items() if n != victim)
+        survivor = next(r for n, r in lf.members.items() if n != victim and r.proc.alive)
         ids = {**first, **later}
         final = wait_final(http, f"{survivor.url}/mcp", list(ids.values()), None, 30)
         assert {r["status"] for r in final.values()} == {"completed"}, final
@@ -648,7 +648,7 @@ def test_a_draining_replica_takes_no_new_task_and_finishes_or_hands_back_what_it
         proc = lf.members[victim].proc
         termed = time.monotonic()
         lf.drain(victim)
-        survivor = next(r for n, r in lf.members.items() if n != victim)
+        survivor = next(r for n, r in lf.members.items() if n != victim and r.proc.alive)
         final = wait_final(http, f"{survivor.url}/mcp", list(second.values()), None, 60)
         took = time.monotonic() - termed
         assert {r["status"] for r in final.values()} == {"completed"}, final
@@ -667,3 +667,75 @@ def test_a_draining_replica_takes_no_new_task_and_finishes_or_hands_back_what_it
         assert dones == Counter(dict.fromkeys(second, 1)), dones
         # Released at once, not left for the redelivery timeout to lapse.
         assert took < drain + 0.75 * redelivery + long, took
+
+
+@pytest.mark.timeout(240)
+def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
+    tmp_path: Path, request: pytest.FixtureRequest, http: httpx.Client
+) -> None:
+    """``--tasks-encrypt``: snapshots sealed under the key ring, rotated mid-flight.
+
+    50 tasks are created under the ring's key, then the ring is staged and
+    promoted while they wait and run; 10 more are created under the new key;
+    the old key is retired once no task it sealed is left (the order the
+    operator must keep), then 5 more. Every task completes, each effect once;
+    every stored snapshot is sealed (none in clear), by the key its kid names.
+    """
+    log = tmp_path / "effects"
+    options = FleetOptions(
+        app=APP,
+        env={"MCPFLEET_TEST_EFFECTS": str(log)},
+        replica_args=("--tasks-encrypt", "--tasks-concurrency", "2"),
+    )
+
+    def run(prefix: str, count: int, seconds: float) -> dict[str, str]:
+        ids = {}
+        for i in range(count):
+            made = create(http, lf.url, "effect", {"tag": f"{prefix}{i}", "seconds": seconds})
+            assert made.error is None, made.body
+            ids[f"{prefix}{i}"] = made.result["taskId"]
+        return ids
+
+    def sealed_by() -> Counter[str]:
+        client = redis.Redis(port=lf.redis_port, socket_timeout=5)
+        kids = Counter[str]()
+        for key in client.scan_iter(match=f"{RedisKeys(lf.fleet).tasks}:*:snapshot", count=500):
+            value = (client.get(key) or b"").decode()
+            assert value.startswith("mcpfleet:v1:"), value[:40]
+            kids[value.split(":")[2]] += 1
+        client.close()
+        return kids
+
+    with local_fleet(tmp_path, options) as lf, watched(request, lf):
+        (old,) = lf.ring().kids
+        first = run("k", 50, 1.0)
+        for step in ("stage", "promote"):
+            lf.wait_attested(lf.rotate_step(step).kids)
+        new = lf.ring().kids[0]
+        second = run("m", 10, 0.2)
+        in_flight = [
+            t for t in first.values() if status_of(http, lf.url, t, None)["status"] == "working"
+        ]
+        assert sealed_by() == Counter({old: 50, new: 10})
+        # Retired only once no task sealed under the old key is left to run.
+        wait_final(http, lf.url, list(first.values()), None, 90)
+        lf.wait_attested(lf.rotate_step("retire").kids)
+        third = run("r", 5, 0.2)
+        ids = {**first, **second, **third}
+        final = wait_final(http, lf.url, list(ids.values()), None, 60)
+        statuses = Counter(r["status"] for r in final.values())
+        dones = Counter(ln.split()[1] for ln in effects(log) if ln.startswith("done"))
+        scraped = fleet_sum(scrape(http, lf))
+        unsealed = {
+            dict(labels)["kid"]: v
+            for (name, labels), v in scraped.items()
+            if name == "mcpfleet_tasks_snapshot_unseals_total"
+        }
+        print(
+            f"\nrotation {old} -> {new} with {len(in_flight)} of 50 tasks still working at "
+            f"promote: {dict(statuses)}; snapshots opened by kid {unsealed}"
+        )
+        assert in_flight, "the rotation happened with tasks in flight"
+        assert statuses == {"completed": 65}, final
+        assert dones == Counter(dict.fromkeys(ids, 1)), dones
+        assert unsealed == {old: 50, new: 15}

@@ -313,3 +313,38 @@ def test_the_task_metrics_count_each_event_under_its_own_name(tmp_path: Path) ->
     assert samples[("mcpfleet_tasks_running", ())] == 3
     assert samples[("mcpfleet_tasks_queue_depth", ())] == 7
     assert samples[("mcpfleet_tasks_queue_read_timestamp_seconds", ())] > 0
+
+
+@pytest.mark.tasks
+def test_snapshots_sealed_under_the_ring_open_with_any_of_its_keys_and_fail_closed_else() -> None:
+    pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make test-tasks")
+    from fastmcp_tasks.encryption import SnapshotDecryptionError
+
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.tasks import RingSnapshotCodec
+
+    rings = [KeyRing.generate()]
+    rings.append(rings[0].stage())
+    rings.append(rings[1].promote())
+    rings.append(rings[2].retire())
+    current = [rings[0]]
+    seen: list[tuple[str, str]] = []
+    codec = RingSnapshotCodec(lambda: current[0], lambda event, kid: seen.append((event, kid)))
+    old, new = rings[0].kids[0], rings[3].kids[0]
+    sealed_old = codec.encode(snapshot())
+    assert sealed_old.startswith(f"mcpfleet:v1:{old}:") and BEARER not in sealed_old
+    for ring in rings[1:3]:  # staged and promoted: the old key still opens
+        current[0] = ring
+        assert json.loads(codec.decode(sealed_old))["owning_tool_name"] == "double"
+    sealed_new = codec.encode(snapshot())
+    assert sealed_new.startswith(f"mcpfleet:v1:{new}:")
+    current[0] = rings[3]
+    assert json.loads(codec.decode(sealed_new))["owning_tool_name"] == "double"
+    with pytest.raises(SnapshotDecryptionError, match=f"sealed with key {old}"):
+        codec.decode(sealed_old)
+    with pytest.raises(SnapshotDecryptionError, match="not sealed by the fleet"):
+        codec.decode(snapshot())
+    tampered = sealed_new[:-8] + ("A" * 8 if not sealed_new.endswith("A" * 8) else "B" * 8)
+    with pytest.raises(SnapshotDecryptionError, match="tampered"):
+        codec.decode(tampered)
+    assert ("seal", old) in seen and ("unseal", new) in seen

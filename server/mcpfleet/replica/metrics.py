@@ -40,6 +40,9 @@ in the same registry and served on the same ``/metrics``):
   same on every replica), read every few seconds in the background with a
   deadline, never on a request's path, with the time of its last good read.
   ``tool`` is a task tool's name: the app's own, bounded (past 64, ``other``).
+  With ``--tasks-encrypt``, ``mcpfleet_tasks_snapshot_seals_total{kid}`` and
+  ``..._unseals_total{kid}``: which ring key sealed and opened the stored
+  task snapshots, so a person sees when an old key stops being read.
 
 Gauges that mirror state (sessions, the ring) are read at scrape time by
 collectors, so the request path pays nothing for them.
@@ -302,6 +305,18 @@ class ReplicaMetrics:
             "When this replica last read the task queue's depth (Unix time; 0: never).",
             registry=r,
         )
+        self.snapshot_seals = Counter(
+            "mcpfleet_tasks_snapshot_seals",
+            "Task snapshots sealed (--tasks-encrypt), by the kid of the key ring key used.",
+            ["kid"],
+            registry=r,
+        )
+        self.snapshot_unseals = Counter(
+            "mcpfleet_tasks_snapshot_unseals",
+            "Task snapshots opened (--tasks-encrypt), by the kid of the key that opened them.",
+            ["kid"],
+            registry=r,
+        )
         running_gauge = Gauge(
             "mcpfleet_tasks_running",
             "MCP task executions this replica's worker runs now.",
@@ -317,6 +332,13 @@ class ReplicaMetrics:
             self.tasks_input.labels(tool).inc()
         else:
             self.tasks_finished.labels(tool, event).inc()
+
+    def snapshot_event(self, event: str, kid: str) -> None:
+        """:class:`mcpfleet.tasks.RingSnapshotCodec`'s observer: seals and unseals by kid."""
+        if event == "seal":
+            self.snapshot_seals.labels(kid).inc()
+        else:
+            self.snapshot_unseals.labels(kid).inc()
 
     def task_queue_depth(self, depth: int) -> None:
         self.tasks_queue_depth.set(depth)

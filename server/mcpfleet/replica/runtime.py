@@ -58,7 +58,13 @@ from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
 from mcpfleet.sigterm import SigtermFirstServer
-from mcpfleet.tasks import FleetTasks, fleet_queue_of, has_tasks_extension, wire_tasks
+from mcpfleet.tasks import (
+    FleetTasks,
+    RingSnapshotCodec,
+    fleet_queue_of,
+    has_tasks_extension,
+    wire_tasks,
+)
 
 log = logging.getLogger("mcpfleet.replica")
 
@@ -95,7 +101,10 @@ class Replica:
         self.tasks: FleetTasks | None = None
         if has_tasks_extension(self.mcp_app):
             queue = fleet_queue_of(config, self.name)
-            self.tasks = wire_tasks(self.mcp_app, queue, self.metrics.task_event)
+            sealer = None
+            if config.tasks_encrypt:
+                sealer = RingSnapshotCodec(lambda: self.codec.ring, self.metrics.snapshot_event)
+            self.tasks = wire_tasks(self.mcp_app, queue, self.metrics.task_event, sealer)
         if self.tasks is not None:
             self.metrics.enable_tasks(self.tasks.busy)
         # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
