@@ -274,7 +274,8 @@ class Replica:
         while time.monotonic() < deadline:
             busy = work.busy() if work is not None else 0
             if self.state.idle() and not busy and time.monotonic() >= linger:
-                log.info("drained: no request in flight, no open session, no task running")
+                tail = ", no task running" if work is not None else ""
+                log.info("drained: no request in flight and no open session%s", tail)
                 return
             await asyncio.sleep(0.1)
         log.warning(
