@@ -37,6 +37,7 @@ import asyncio
 import base64
 import contextvars
 import functools
+import hashlib
 import importlib
 import json
 import logging
@@ -50,7 +51,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
 from mcpfleet.config import ReplicaConfig
-from mcpfleet.contract import RedisKeys
+from mcpfleet.contract import RedisKeys, task_seals_of
 from mcpfleet.keys.ring import KeyRing, RingKey
 from mcpfleet.redisconn import RedisFiles, queue_target, settings
 
@@ -250,6 +251,7 @@ def wire_tasks(
     _bound_creation(queue.deadline)
     _observe_engine(handle)
     _scrub_stored_snapshots()
+    _ledger_seals()
     # The queue logs each execution's key at INFO: a task id (all that guards a
     # task without auth) and, with auth, the caller's client id and subject.
     for name in QUEUE_LOGGERS:
@@ -392,6 +394,48 @@ class FleetTasks:
     @property
     def worker(self) -> Any:
         return getattr(self.app, "_worker", None)
+
+    # --- the task-seal ledger (--tasks-encrypt): which live tasks each key sealed
+
+    async def unledger(self, docket: Any, task_scope: str | None, task_id: str) -> None:
+        """The task ended: drop it from the seal ledger of every kid this replica's ring
+        holds (one of them sealed its snapshot). Bounded by the queue's deadline; a
+        failure leaves the entry until its score passes (counted too long, never too
+        short) and is logged without the task's id."""
+        if self.sealer is None or docket is None:
+            return
+        member = task_member(task_scope, task_id)
+        try:
+            async with (
+                asyncio.timeout(self.queue.deadline),
+                docket.redis() as redis,
+                redis.pipeline(transaction=False) as pipe,
+            ):
+                for kid in self.sealer.kids():
+                    pipe.zrem(task_seals_of(docket.name, kid), member)
+                await pipe.execute()
+        except Exception as exc:  # Redis down or stalled: the entry expires by its score
+            log.warning("tasks: an ended task stays in the seal ledger: %s", type(exc).__name__)
+
+    async def unledger_key(self, execution_key: str) -> None:
+        """:meth:`unledger` for the task of a queue execution's key (any leg)."""
+        try:
+            keys: Any = importlib.import_module("fastmcp_tasks.keys")
+            parts = keys.parse_task_key(keys.base_task_key(execution_key))
+        except Exception:
+            return
+        await self.unledger(self.docket, parts["task_scope"], str(parts["client_task_id"]))
+
+    async def unledger_current(self) -> None:
+        """:meth:`unledger` for the task whose leg this worker runs now."""
+        if self.sealer is None:
+            return
+        try:
+            dependencies: Any = importlib.import_module("docket.dependencies")
+            key = str(dependencies.current_execution.get().key)
+        except Exception:
+            return
+        await self.unledger_key(key)
 
     def busy(self) -> int:
         """Executions this replica's worker runs now (acknowledged ones excluded)."""
@@ -597,6 +641,7 @@ def _observe_engine(handle: FleetTasks) -> None:
             except Exception:  # counted all the same, under "other"
                 pass
             _current.event(tool, "cancelled")
+            await _current.unledger(docket, task_scope, task_id)
         return result
 
     handlers.mark_cancelled = cancelled
@@ -611,6 +656,7 @@ def _observe_engine(handle: FleetTasks) -> None:
             key = kwargs.get("key", args[0] if args else "")
             if _current is not None:
                 _current.event(_tool_of_key(str(key)), "failed")
+                await _current.unledger_key(str(key))
             raise
 
     context.restore_task_snapshot = restored
@@ -647,6 +693,7 @@ def _observed_task_fn(reentrant: Callable[..., Any]) -> Callable[..., Any]:
             except Exception:
                 if handle is not None:
                     handle.event(tool_name, "failed")
+                    await handle.unledger_current()
                 raise
             finally:
                 _ASKED.reset(token)
@@ -655,6 +702,8 @@ def _observed_task_fn(reentrant: Callable[..., Any]) -> Callable[..., Any]:
                     tool_name,
                     "input_required" if asked else "error" if _is_error(result) else "completed",
                 )
+                if not asked:
+                    await handle.unledger_current()
             return result
 
         return leg
@@ -674,6 +723,83 @@ def _is_error(result: Any) -> bool:
 
 
 # --- stored snapshots encrypted under the key ring ----------------------------------------
+
+#: The ring key the snapshot being saved in this context is sealed with: chosen,
+#: and its ledger entry written, before the engine stores the snapshot.
+_PINNED: contextvars.ContextVar[RingKey | None] = contextvars.ContextVar(
+    "mcpfleet_task_seal_key", default=None
+)
+
+
+def task_member(task_scope: str | None, task_id: str) -> str:
+    """A task's member in a seal ledger: a hash of its scope and id, never the id itself."""
+    return hashlib.sha256(f"{task_scope or ''}\n{task_id}".encode()).hexdigest()[:32]
+
+
+def _ledger_seals() -> None:
+    """Keep, per kid, the ledger of live tasks whose snapshot that key sealed
+    (:meth:`mcpfleet.contract.RedisKeys.task_seals`), so the operator retires a
+    key only once no live task needs it. Installed once; acts with a sealer only.
+
+    - The engine's snapshot save: the sealing key is chosen first, the task
+      added to its kid's ledger (scored by the snapshot's expiry; expired
+      members pruned in the same round trip), and only then is the snapshot,
+      sealed with that very key, stored. A replica lost between the two
+      leaves an entry with no snapshot: counted until it expires, never missed.
+    - The engine's snapshot TTL refresh (a polled task): each ledger of the
+      ring's kids that holds the task has its score slid to the new expiry.
+    - A task's end (:meth:`FleetTasks.unledger`): its leg completed, errored
+      or failed (not when it asks for input: its next leg reads the
+      snapshot again), a restore that failed, a ``tasks/cancel``.
+    """
+    context: Any = importlib.import_module("fastmcp_tasks.context")
+    handlers: Any = importlib.import_module("fastmcp_tasks.handlers")
+    snapshot_cls = context.TaskContextSnapshot
+    if getattr(snapshot_cls.save, _OBSERVED, False):
+        return
+    save = snapshot_cls.save
+
+    @functools.wraps(save)
+    async def save_ledgered(
+        self: Any, docket: Any, task_scope: str | None, task_id: str, ttl_seconds: int
+    ) -> None:
+        handle = _current
+        if handle is None or handle.sealer is None:
+            return await save(self, docket, task_scope, task_id, ttl_seconds)  # type: ignore[no-any-return]
+        key = handle.sealer.sealing_key()
+        now = time.time()
+        async with docket.redis() as redis, redis.pipeline(transaction=False) as pipe:
+            ledger = task_seals_of(docket.name, key.kid)
+            pipe.zremrangebyscore(ledger, "-inf", now)
+            pipe.zadd(ledger, {task_member(task_scope, task_id): now + ttl_seconds})
+            await pipe.execute()
+        token = _PINNED.set(key)
+        try:
+            await save(self, docket, task_scope, task_id, ttl_seconds)
+        finally:
+            _PINNED.reset(token)
+
+    setattr(save_ledgered, _OBSERVED, True)
+    snapshot_cls.save = save_ledgered
+
+    refresh = handlers.refresh_snapshot_ttl
+
+    @functools.wraps(refresh)
+    async def refresh_ledgered(
+        docket: Any, task_scope: str | None, task_id: str, ttl_seconds: int
+    ) -> None:
+        await refresh(docket, task_scope, task_id, ttl_seconds)
+        handle = _current
+        if handle is None or handle.sealer is None:
+            return
+        member, until = task_member(task_scope, task_id), time.time() + ttl_seconds
+        async with docket.redis() as redis, redis.pipeline(transaction=False) as pipe:
+            for kid in handle.sealer.kids():
+                pipe.zadd(task_seals_of(docket.name, kid), {member: until}, xx=True, gt=True)
+            await pipe.execute()
+
+    handlers.refresh_snapshot_ttl = refresh_ledgered
+
 
 #: How a snapshot the fleet sealed is stored: ``mcpfleet:v1:<kid>:<Fernet token>``.
 SEALED_PREFIX = "mcpfleet:v1:"
@@ -724,8 +850,16 @@ class RingSnapshotCodec:
     def _kids(self) -> tuple[str, ...]:
         return self._ring().kids
 
+    def kids(self) -> tuple[str, ...]:
+        """The kids of the ring as loaded now (first seals)."""
+        return self._ring().kids
+
+    def sealing_key(self) -> RingKey:
+        """The key a snapshot stored now is sealed with (the ring's first)."""
+        return self._ring().keys[0]
+
     def encode(self, payload: str) -> str:
-        key = self._ring().keys[0]
+        key = _PINNED.get() or self._ring().keys[0]
         token = self._fernet(key).encrypt(payload.encode()).decode()
         if self._observe is not None:
             self._observe("seal", key.kid)

@@ -157,8 +157,11 @@ def test_the_replicas_queue_rules_are_a_selector_on_the_queues_keys_and_channels
     # The routes and the once-ledger gain no command from the queue.
     assert "+xadd" not in root and "+hset" not in root
     assert not [r for r in root if "tasks" in r]
-    for component in ("router", "operator"):
-        assert not [r for r in RedisKeys("blue").acl_rules(component) if "tasks" in r]
+    assert not [r for r in RedisKeys("blue").acl_rules("router") if "tasks" in r]
+    # The operator reads the task-seal ledgers only (ZCOUNT), never the queue.
+    operator = RedisKeys("blue").acl_rules("operator")
+    assert [r for r in operator if "tasks" in r] == ["%R~mcpfleet:blue:tasks:sealed:*"]
+    assert RedisKeys("blue").task_seals("k1") == "mcpfleet:blue:tasks:sealed:k1"
 
 
 def test_an_app_without_a_tasks_extension_is_left_alone() -> None:
