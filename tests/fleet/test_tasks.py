@@ -33,6 +33,9 @@ from fleetkit.taskwire import FINAL, HEADER_MISMATCH, NOT_FOUND, create, rpc, ta
 from mcpfleet.contract import RedisKeys
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.redisconn import settings as redis_settings
+from mcpfleet_operator.rotation import Convergence, Observed, RingView, decide
+from mcpfleet_operator.runtime import Runtime
 
 from .conftest import shared, watched
 
@@ -676,10 +679,15 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
     """``--tasks-encrypt``: snapshots sealed under the key ring, rotated mid-flight.
 
     50 tasks are created under the ring's key, then the ring is staged and
-    promoted while they wait and run; 10 more are created under the new key;
-    the old key is retired once no task it sealed is left (the order the
-    operator must keep), then 5 more. Every task completes, each effect once;
-    every stored snapshot is sealed (none in clear), by the key its kid names.
+    promoted while they wait and run; 10 more are created under the new key.
+    The old key is retired when the operator's retire step says so: its
+    decision (:func:`mcpfleet_operator.rotation.decide`, the token TTL taken
+    as passed) fed, as the operator feeds it, with the live tasks of the old
+    kid's seal ledger counted the way the operator counts them
+    (:meth:`mcpfleet_operator.runtime.Runtime.old_tasks`). It must wait while
+    any of the 50 is live, and retire once none is; then 5 more. Every task
+    completes, each effect once; every stored snapshot is sealed (none in
+    clear), by the key its kid names; both ledgers end empty.
     """
     log = tmp_path / "effects"
     options = FleetOptions(
@@ -717,8 +725,35 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
             t for t in first.values() if status_of(http, lf.url, t, None)["status"] == "working"
         ]
         assert sealed_by() == Counter({old: 50, new: 10})
-        # Retired only once no task sealed under the old key is left to run.
-        wait_final(http, lf.url, list(first.values()), None, 90)
+        url = f"redis://127.0.0.1:{lf.redis_port}/0"
+        operator = Runtime(api=None, redis_settings=redis_settings(url))  # type: ignore[arg-type]
+        assert operator.old_tasks(lf.fleet, new) == 10
+        held: list[int] = []
+
+        def retire_step_says_retire() -> bool:
+            ring = lf.ring()
+            count = operator.old_tasks(lf.fleet, old)
+            decision = decide(
+                Observed(
+                    uid="u",
+                    phase="Waiting",
+                    new_kid=new,
+                    ring=RingView("promoted", ring.kids, "u"),
+                    convergence=Convergence(ring.kids, ("r",), ("r",), ()),
+                    ttl_elapsed=True,
+                    old_tasks=count,
+                )
+            )
+            held.append(count)
+            if decision.action == "retire":
+                return True
+            assert decision.action == "wait" and decision.old_tasks == count, decision
+            return False
+
+        wait_for(retire_step_says_retire, timeout=90, what="the retire step", interval=0.2)
+        live = [
+            t for t in first.values() if status_of(http, lf.url, t, None)["status"] not in FINAL
+        ]
         lf.wait_attested(lf.rotate_step("retire").kids)
         third = run("r", 5, 0.2)
         ids = {**first, **second, **third}
@@ -731,10 +766,16 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
             for (name, labels), v in scraped.items()
             if name == "mcpfleet_tasks_snapshot_unseals_total"
         }
+        left = {kid: operator.old_tasks(lf.fleet, kid) for kid in (old, new)}
         print(
             f"\nrotation {old} -> {new} with {len(in_flight)} of 50 tasks still working at "
-            f"promote: {dict(statuses)}; snapshots opened by kid {unsealed}"
+            f"promote: {dict(statuses)}; snapshots opened by kid {unsealed}; the retire step "
+            f"waited {len(held)} ticks, old-key tasks seen {held[0]} -> {held[-1]}; "
+            f"ledgers at the end {left}"
         )
+        assert held[0] > 0 and held[-1] == 0, "the retire step waited for the old-key tasks"
+        assert live == [], "retired with a task under the old key still live"
+        assert left == {old: 0, new: 0}, "every ended task left the seal ledger"
         assert in_flight, "the rotation happened with tasks in flight"
         assert statuses == {"completed": 65}, final
         assert dones == Counter(dict.fromkeys(ids, 1)), dones
