@@ -678,14 +678,16 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
 ) -> None:
     """``--tasks-encrypt``: snapshots sealed under the key ring, rotated mid-flight.
 
-    50 tasks are created under the ring's key, then the ring is staged and
+    Under the ring's key: a long task (cancelled after the promotion), 50
+    tasks, and one that parks asking for input; then the ring is staged and
     promoted while they wait and run; 10 more are created under the new key.
     The old key is retired when the operator's retire step says so: its
     decision (:func:`mcpfleet_operator.rotation.decide`, the token TTL taken
     as passed) fed, as the operator feeds it, with the live tasks of the old
     kid's seal ledger counted the way the operator counts them
     (:meth:`mcpfleet_operator.runtime.Runtime.old_tasks`). It must wait while
-    any of the 50 is live, and retire once none is; then 5 more. Every task
+    any of them is live (the parked one holds it until it is answered), and
+    retire once none is; then 5 more. Every task
     completes, each effect once; every stored snapshot is sealed (none in
     clear), by the key its kid names; both ledgers end empty.
     """
@@ -716,21 +718,27 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
 
     with local_fleet(tmp_path, options) as lf, watched(request, lf):
         (old,) = lf.ring().kids
+        # One that runs until cancelled, the 50, and one that parks asking for input.
+        dropped = run("dropped", 1, 60.0)["dropped0"]
+        wait_for(lambda: "start dropped0" in " ".join(effects(log)), timeout=15, what="it to run")
         first = run("k", 50, 1.0)
+        parked = create(http, lf.url, "confirm", {"tag": "parked"}).result["taskId"]
         for step in ("stage", "promote"):
             lf.wait_attested(lf.rotate_step(step).kids)
         new = lf.ring().kids[0]
+        assert task(http, lf.url, "tasks/cancel", dropped).error is None
         second = run("m", 10, 0.2)
         in_flight = [
             t for t in first.values() if status_of(http, lf.url, t, None)["status"] == "working"
         ]
-        assert sealed_by() == Counter({old: 50, new: 10})
+        assert sealed_by() == Counter({old: 52, new: 10})
         url = f"redis://127.0.0.1:{lf.redis_port}/0"
         operator = Runtime(api=None, redis_settings=redis_settings(url))  # type: ignore[arg-type]
         assert operator.old_tasks(lf.fleet, new) == 10
         held: list[int] = []
 
         def retire_step_says_retire() -> bool:
+            """One tick of the operator's retire step: whether it retires the old key."""
             ring = lf.ring()
             count = operator.old_tasks(lf.fleet, old)
             decision = decide(
@@ -750,14 +758,28 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
             assert decision.action == "wait" and decision.old_tasks == count, decision
             return False
 
-        wait_for(retire_step_says_retire, timeout=90, what="the retire step", interval=0.2)
+        def only_the_parked_one_holds_it() -> dict[str, Any] | None:
+            assert not retire_step_says_retire(), "retired under a task parked for input"
+            if held[-1] != 1:
+                return None
+            result = status_of(http, lf.url, parked, None)
+            return result if result["status"] == "input_required" else None
+
+        asking = wait_for(only_the_parked_one_holds_it, timeout=90, what="the 50 to end")
+        assert status_of(http, lf.url, dropped, None)["status"] == "cancelled"
+        (key,) = asking["inputRequests"]
+        answer = {key: {"action": "accept", "content": {"ok": True}}}
+        assert task(http, lf.url, "tasks/update", parked, inputResponses=answer).error is None
+        wait_for(retire_step_says_retire, timeout=30, what="the retire step", interval=0.2)
         live = [
-            t for t in first.values() if status_of(http, lf.url, t, None)["status"] not in FINAL
+            t
+            for t in [*first.values(), parked]
+            if status_of(http, lf.url, t, None)["status"] not in FINAL
         ]
         lf.wait_attested(lf.rotate_step("retire").kids)
         third = run("r", 5, 0.2)
         ids = {**first, **second, **third}
-        final = wait_final(http, lf.url, list(ids.values()), None, 60)
+        final = wait_final(http, lf.url, [*ids.values(), parked], None, 60)
         statuses = Counter(r["status"] for r in final.values())
         dones = Counter(ln.split()[1] for ln in effects(log) if ln.startswith("done"))
         scraped = fleet_sum(scrape(http, lf))
@@ -777,6 +799,7 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
         assert live == [], "retired with a task under the old key still live"
         assert left == {old: 0, new: 0}, "every ended task left the seal ledger"
         assert in_flight, "the rotation happened with tasks in flight"
-        assert statuses == {"completed": 65}, final
+        assert statuses == {"completed": 66}, final
         assert dones == Counter(dict.fromkeys(ids, 1)), dones
-        assert unsealed == {old: 50, new: 15}
+        # The old key opened the 50, the cancelled one, and both legs of the parked one.
+        assert unsealed == {old: 53, new: 15}
