@@ -803,3 +803,74 @@ def test_a_key_rotation_with_50_encrypted_tasks_in_flight_fails_none(
         assert dones == Counter(dict.fromkeys(ids, 1)), dones
         # The old key opened the 50, the cancelled one, and both legs of the parked one.
         assert unsealed == {old: 53, new: 15}
+
+
+def test_the_seal_ledger_survives_a_killed_worker_and_a_stalled_redis_holds_the_retire(
+    tmp_path: Path, request: pytest.FixtureRequest, http: httpx.Client
+) -> None:
+    """The ledger the operator counts errs towards waiting, under both faults.
+
+    ``--tasks-encrypt``, tasks of 2 s (``--tasks-redelivery 2``): the replica
+    running most of them is SIGKILLed; its tasks stay in their kid's ledger
+    until, redelivered, they complete, and the ledger ends empty. Then Redis
+    is SIGSTOPped: the operator's count fails within its client's 2 s timeout
+    and its retire step waits, saying the ledger cannot be read.
+    """
+    log = tmp_path / "effects"
+    options = FleetOptions(
+        app=APP,
+        env={"MCPFLEET_TEST_EFFECTS": str(log)},
+        replica_args=("--tasks-encrypt", "--tasks-redelivery", str(REDELIVERY)),
+    )
+    with local_fleet(tmp_path, options) as lf, watched(request, lf):
+        (kid,) = lf.ring().kids
+        url = f"redis://127.0.0.1:{lf.redis_port}/0"
+        operator = Runtime(api=None, redis_settings=redis_settings(url))  # type: ignore[arg-type]
+        tags = {f"s{i}" for i in range(6)}
+        ids = {}
+        for tag in sorted(tags):
+            made = create(http, lf.url, "effect", {"tag": tag, "seconds": 2.0})
+            assert made.error is None, made.body
+            ids[tag] = made.result["taskId"]
+
+        def all_started() -> dict[str, list[str]] | None:
+            found = _starts(log, tags)
+            return found if len(found) == len(tags) else None
+
+        pids = wait_for(all_started, timeout=30, what="every task to start")
+        victim, _, load = _victim(lf, pids)
+        lf.kill(victim)
+        after_kill = operator.old_tasks(lf.fleet, kid)
+        assert after_kill >= load, (after_kill, load)
+        survivor = next(r for r in lf.members.values() if r.proc.alive)
+        final = wait_final(http, f"{survivor.url}/mcp", list(ids.values()), None, 30)
+        assert Counter(r["status"] for r in final.values()) == {"completed": 6}, final
+        assert operator.old_tasks(lf.fleet, kid) == 0
+        assert lf.redis is not None
+        lf.redis.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises((redis.RedisError, OSError)):
+                operator.old_tasks(lf.fleet, kid)
+            took = time.monotonic() - started
+        finally:
+            lf.redis.signal(signal.SIGCONT)
+        ring = ("new", kid)
+        decision = decide(
+            Observed(
+                uid="u",
+                phase="Waiting",
+                new_kid="new",
+                ring=RingView("promoted", ring, "u"),
+                convergence=Convergence(ring, ("r",), ("r",), ()),
+                ttl_elapsed=True,
+                old_tasks=None,
+            )
+        )
+        print(
+            f"\nkilled {victim} running {load} of 6 tasks: {after_kill} in the ledger after "
+            f"the kill, 0 once all 6 completed; a count under a stalled Redis failed in "
+            f"{took:.1f} s"
+        )
+        assert took < 4.0, took
+        assert decision.action == "wait" and "cannot be read" in decision.message
