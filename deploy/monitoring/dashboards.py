@@ -282,6 +282,67 @@ def rounds_dashboard() -> dict[str, Any]:
                     ),
                 ],
             ),
+            tasks_row(),
+        ],
+    )
+
+
+# --- the Tasks row (mcpfleet / Rounds): MCP tasks of apps with task tools -----------------
+
+TASKS_CREATED = "mcpfleet_tasks_created_total"
+TASKS_FINISHED = "mcpfleet_tasks_finished_total"
+TASKS_FAILING = 'status=~"failed|error"'
+
+
+def tasks_row() -> tuple[str, list[PanelSpec]]:
+    """Panels over ``mcpfleet_tasks_*``: data only where the app has task tools."""
+    return (
+        "Tasks",
+        [
+            PanelSpec(
+                "Tasks created and ended per tool",
+                "MCP tasks per second: created (answered with a CreateTaskResult) and ended, by "
+                "tool and status (completed; error: the tool raised; failed: the engine failed "
+                "it; cancelled). Only apps with task tools have them.",
+                "ops",
+                (
+                    Query(_rate(TASKS_CREATED, "tool"), "{{tool}} created"),
+                    Query(_rate(TASKS_FINISHED, "tool, status"), "{{tool}} {{status}}"),
+                ),
+            ),
+            PanelSpec(
+                "Task failure ratio per tool",
+                "The share of each tool's ended tasks that failed or ended with an error "
+                "(McpfleetTasksFailing fires past 10%).",
+                "percentunit",
+                (
+                    Query(
+                        _rate(TASKS_FINISHED, "tool", TASKS_FAILING)
+                        + " / "
+                        + _rate(TASKS_FINISHED, "tool"),
+                        "{{tool}}",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Task queue: waiting and running",
+                "Tasks waiting for a worker in the fleet's queue (every replica reads the same "
+                "queue: the highest reading is shown) and task executions the workers run, per "
+                "replica. A queue that only grows means the workers do not keep up "
+                "(McpfleetTaskQueueGrowing).",
+                "short",
+                (
+                    Query(f"max(mcpfleet_tasks_queue_depth{{{NS}}})", "waiting"),
+                    Query(f"sum by (pod) (mcpfleet_tasks_running{{{NS}}})", "running {{pod}}"),
+                ),
+            ),
+            PanelSpec(
+                "Task input requests per tool",
+                "Task legs per second that ended asking the user for input (input_required, "
+                "answered with tasks/update).",
+                "ops",
+                (Query(_rate("mcpfleet_tasks_input_requests_total", "tool"), "{{tool}}"),),
+            ),
         ],
     )
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
+from mcpfleet_operator.rotation import TASKS_WAIT_LIMIT
 
 log = logging.getLogger("mcpfleet_operator")
 
@@ -74,6 +75,13 @@ def add_parsers(sub: Any) -> None:
         type=float,
         default=120.0,
         help="seconds a rotation step may wait for replicas before it is reported stalled",
+    )
+    o.add_argument(
+        "--tasks-wait-limit",
+        type=float,
+        default=TASKS_WAIT_LIMIT,
+        help="seconds after the token TTL a rotation waits for live MCP tasks sealed under "
+        "the old key before it retires the key anyway (those tasks fail)",
     )
     o.add_argument(
         "--log-format", choices=["plain", "json"], default="plain", help="how log lines look"
@@ -183,7 +191,12 @@ def run_operator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_USAGE
-    runtime = Runtime(api=api, redis_settings=redis_settings, stall_after=args.stall_after)
+    runtime = Runtime(
+        api=api,
+        redis_settings=redis_settings,
+        stall_after=args.stall_after,
+        tasks_wait_limit=args.tasks_wait_limit,
+    )
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = args.peering_lifetime

@@ -76,6 +76,20 @@ class OperatorMetrics:
             ["namespace", "keyring", "step"],
             registry=r,
         )
+        self.old_key_tasks = Gauge(
+            "mcpfleet_operator_old_key_tasks",
+            "Live MCP tasks whose stored snapshot the old key sealed, while a rotation's "
+            "retire step waits for them (0 otherwise).",
+            ["namespace", "keyring"],
+            registry=r,
+        )
+        self.tasks_abandoned = Counter(
+            "mcpfleet_operator_tasks_abandoned_total",
+            "Live MCP tasks under the old key when a rotation retired it at the tasks wait "
+            "limit (they fail).",
+            ["namespace", "keyring"],
+            registry=r,
+        )
         self._lock = threading.Lock()
 
     def set_phase(self, namespace: str, keyring: str, phase: str) -> None:
@@ -101,7 +115,7 @@ class OperatorMetrics:
             _remove(self.rotation_phase, (namespace, keyring, gauge_phase))
         for state in ("desired", "converged"):
             _remove(self.replicas, (namespace, keyring, state))
-        for metric in (self.key_age, self.stalled):
+        for metric in (self.key_age, self.stalled, self.old_key_tasks):
             _remove(metric, (namespace, keyring))
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:

@@ -5,7 +5,9 @@ The protocol (docs/operator.md, "Operator"), each step confirmed before the next
     Pending   -> write [old, new]          (stage: new unseals, nothing seals with it)
     Staging   -> every serving replica attests [old, new]  -> write [new, old]
     Promoting -> every serving replica attests [new, old]  -> start the TTL clock
-    Waiting   -> one token TTL has passed (Emergency: skipped)  -> write [new]
+    Waiting   -> one token TTL has passed, and no live task's snapshot is
+                 sealed under the old key (or the tasks wait limit passed;
+                 Emergency: both skipped)                   -> write [new]
     Retiring  -> every serving replica attests [new]       -> Complete
 
 Nothing here does I/O. The operator observes the world (the Secret's ring and
@@ -27,6 +29,11 @@ from typing import Literal
 
 from mcpfleet.contract import RingPhase
 from mcpfleet_operator.api import ACTIVE_PHASES, TERMINAL_PHASES, RotationPhase, parse_time
+
+#: Default seconds, after the token TTL, a rotation waits for live MCP tasks
+#: sealed under the old key before it retires that key anyway (the operator's
+#: ``--tasks-wait-limit``, the chart's ``operator.tasksWaitLimit``).
+TASKS_WAIT_LIMIT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,12 @@ class Observed:
     #: Pending only: from :func:`turn`.
     my_turn: bool = True
     blocked: str = ""
+    #: Waiting only: live MCP tasks whose stored snapshot the old key sealed
+    #: (the fleet's seal ledger, ``--tasks-encrypt``); None when it could not be read.
+    old_tasks: int | None = 0
+    #: Waiting only: whether the tasks wait limit (counted from the end of the
+    #: token TTL) has passed on this operator's clock.
+    tasks_wait_over: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,11 @@ class Decision:
     next_phase: RotationPhase
     message: str
     lagging: tuple[str, ...] = ()
+    #: Live tasks under the old key, when this decision is the retire step's task
+    #: wait (-1: the ledger could not be read); None otherwise.
+    old_tasks: int | None = None
+    #: A retire forced by the tasks wait limit: how many tasks it fails (-1: unknown).
+    abandoned: int | None = None
 
 
 def _wait(phase: RotationPhase, message: str, conv: Convergence | None = None) -> Decision:
@@ -220,9 +238,11 @@ def decide(o: Observed) -> Decision:
             if not conv.done:
                 # A replica appeared or regressed: its tokens need the TTL too.
                 return _awaiting("Waiting", conv)
-            if o.emergency or o.ttl_elapsed:
+            if o.emergency:
                 return Decision("retire", "Waiting", "Retiring", "the old key's tokens expired")
-            return _wait("Waiting", "waiting one token TTL before dropping the old key", conv)
+            if not o.ttl_elapsed:
+                return _wait("Waiting", "waiting one token TTL before dropping the old key", conv)
+            return _retire_after_tasks(o)
         if not conv.done:
             return _awaiting("Promoting", conv)
         if o.emergency:
@@ -238,6 +258,49 @@ def decide(o: Observed) -> Decision:
     return _fail(
         f"the ring [{', '.join(ring.kids)}] is not where this rotation left it: "
         "it was changed outside the operator"
+    )
+
+
+def _retire_after_tasks(o: Observed) -> Decision:
+    """Waiting, the token TTL passed: retire once no live task needs the old key.
+
+    A task whose stored snapshot the old key sealed (queued, running, parked
+    for input) reads it again at its next start; retiring the key fails it.
+    The wait is bounded: past the tasks wait limit the key is retired anyway,
+    and the decision says how many tasks that fails.
+    """
+    old = o.ring.kids[1] if len(o.ring.kids) > 1 else "the old key"
+    if o.old_tasks == 0:
+        return Decision(
+            "retire",
+            "Waiting",
+            "Retiring",
+            "the old key's tokens expired and no live task's snapshot is sealed under it",
+            old_tasks=0,
+        )
+    held = "an unknown number of" if o.old_tasks is None else str(o.old_tasks)
+    count = -1 if o.old_tasks is None else o.old_tasks
+    if o.tasks_wait_over:
+        return Decision(
+            "retire",
+            "Waiting",
+            "Retiring",
+            f"the tasks wait limit passed: dropping {old} with {held} live task(s) "
+            "sealed under it, which fail",
+            old_tasks=count,
+            abandoned=count,
+        )
+    why = (
+        "the seal ledger cannot be read"
+        if o.old_tasks is None
+        else f"{o.old_tasks} live task(s) hold a snapshot sealed under {old}"
+    )
+    return Decision(
+        "wait",
+        "Waiting",
+        "Waiting",
+        f"the old key's tokens expired; waiting before dropping it: {why}",
+        old_tasks=count,
     )
 
 

@@ -29,7 +29,7 @@ from mcpfleet.redisconn import RedisSettings, sync_client
 from mcpfleet.registry import read_replicas_sync
 from mcpfleet_operator.api import KeyRingSpec, SpecError
 from mcpfleet_operator.metrics import OperatorMetrics
-from mcpfleet_operator.rotation import PodView, QueueEntry
+from mcpfleet_operator.rotation import TASKS_WAIT_LIMIT, PodView, QueueEntry
 from mcpfleet_operator.status import changed
 
 log = logging.getLogger("mcpfleet_operator")
@@ -80,6 +80,11 @@ class Clock:
             self.ttl_started = time.monotonic()
         return self.ttl_started is not None and time.monotonic() - self.ttl_started >= ttl
 
+    def tasks_wait_over(self, ttl: float, limit: float) -> bool:
+        """Whether ``limit`` seconds have passed since the token TTL did (:meth:`ttl_elapsed`
+        first): how long the retire step waits for live tasks under the old key."""
+        return self.ttl_started is not None and time.monotonic() - self.ttl_started >= ttl + limit
+
 
 @dataclass
 class Runtime:
@@ -91,6 +96,7 @@ class Runtime:
     api: k8s.ApiClient
     redis_settings: RedisSettings
     stall_after: float = 120.0
+    tasks_wait_limit: float = TASKS_WAIT_LIMIT
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _redis_client: redis.Redis | None = None
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
@@ -137,6 +143,13 @@ class Runtime:
         """The kids each replica of ``fleet`` attests, by Pod name (Redis errors propagate)."""
         replicas = read_replicas_sync(self.redis_client, RedisKeys(fleet))
         return {n: a.kids for n, a in replicas.items()}
+
+    def old_tasks(self, fleet: str, kid: str) -> int:
+        """Live MCP tasks of ``fleet`` whose stored snapshot ``kid`` sealed: the members
+        of the kid's seal ledger whose expiry has not passed (one ZCOUNT, bounded by the
+        client's timeout; Redis errors propagate)."""
+        count = self.redis_client.zcount(RedisKeys(fleet).task_seals(kid), time.time(), "+inf")
+        return int(count)
 
     def refresh_volumes(
         self, pods: Iterable[k8s.V1Pod], version: str, only: Iterable[str] = ()

@@ -136,6 +136,7 @@ def keyring_status(
             "lagging": list(conv.lagging),
         },
         "activeRotation": active.name if active else "",
+        "covers": COVERS,
     }
     if parse_time(ring.keys[0].created) is not None:
         new["keyCreatedAt"] = ring.keys[0].created
@@ -221,6 +222,41 @@ def phase_events(phase: str, token_ttl: float, emergency: bool) -> list[tuple[st
             )
         )
     return events
+
+
+#: What the keys of a KeyRing seal, as its status and its rotations' say: request
+#: state (modern rounds' tokens) and, with ``--tasks-encrypt``, stored task snapshots.
+COVERS = ["request-state", "task-snapshots"]
+
+
+def rotation_tasks(decision: Decision, previous: Mapping[str, Any], progress: Status) -> Status:
+    """The task side of a rotation's status, merged into ``progress`` (what
+    :func:`rotation_progress` returned): what its keys cover; while the retire
+    step waits for live tasks sealed under the old key, how many
+    (``oldKeyTasks``; -1 when the seal ledger could not be read); and the
+    ``TasksDrained`` condition: False (``Waiting``) during that wait, True
+    (``NoneLeft``) when the old key was dropped with none left, False
+    (``WaitLimitExceeded``, with ``tasksAbandoned``) when the tasks wait limit
+    forced it. A tick that says nothing of tasks keeps the condition as it was."""
+    out: Status = {**progress, "covers": COVERS}
+    entry: tuple[str, bool, str, str] | None = None
+    if decision.abandoned is not None:
+        out["oldKeyTasks"] = decision.abandoned
+        out["tasksAbandoned"] = decision.abandoned
+        entry = ("TasksDrained", False, "WaitLimitExceeded", decision.message)
+    elif decision.old_tasks is not None and decision.action == "retire":
+        out["oldKeyTasks"] = 0
+        entry = ("TasksDrained", True, "NoneLeft", decision.message)
+    elif decision.old_tasks is not None:
+        out["oldKeyTasks"] = decision.old_tasks
+        entry = ("TasksDrained", False, "Waiting", decision.message)
+    listed = list(progress.get("conditions") or [])
+    if entry is not None:
+        listed += conditions(previous, None, entry)
+    else:
+        listed += [c for c in _conditions(previous) if c.get("type") == "TasksDrained"]
+    out["conditions"] = listed
+    return out
 
 
 def rotation_waiting(

@@ -44,6 +44,7 @@ from mcpfleet_operator.status import (
     recorded_phase,
     rotation_ended,
     rotation_progress,
+    rotation_tasks,
     rotation_waiting,
 )
 
@@ -139,7 +140,21 @@ def _observe(
     if resumed is not None:
         kids = {"oldKid": resumed[0], "newKid": resumed[1]}
         new_kid = resumed[1]
-    ttl_elapsed = t.rt.clock(t.uid).ttl_elapsed(recorded == "Waiting", ring_spec.token_ttl)
+    clock = t.rt.clock(t.uid)
+    ttl_elapsed = clock.ttl_elapsed(recorded == "Waiting", ring_spec.token_ttl)
+    old_tasks: int | None = 0
+    tasks_wait_over = False
+    if recorded == "Waiting" and ttl_elapsed and view.phase == "promoted" and len(view.kids) > 1:
+        # Counted only now: every replica has sealed with the new key for a token
+        # TTL, so no snapshot sealed under the old one is still being added.
+        try:
+            old_tasks = t.rt.old_tasks(ring_spec.fleet, view.kids[1])
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "%s/%s: the seal ledger was not read: %s", t.namespace, t.name, describe(exc)
+            )
+            old_tasks = None
+        tasks_wait_over = clock.tasks_wait_over(ring_spec.token_ttl, t.rt.tasks_wait_limit)
     mine, why = turn(t.uid, t.created, t.name, t.queue(rot.key_ring))
     observed = Observed(
         uid=t.uid,
@@ -151,6 +166,8 @@ def _observe(
         ttl_elapsed=ttl_elapsed,
         my_turn=mine,
         blocked=why,
+        old_tasks=old_tasks,
+        tasks_wait_over=tasks_wait_over,
     )
     return observed, kids
 
@@ -178,15 +195,27 @@ def _record(
     if decision.action == "fail":
         return _fail(t, rot.key_ring, so_far, decision.message)
     keyring = rot.key_ring
+    t.metrics.old_key_tasks.labels(t.namespace, keyring).set(
+        max(0, decision.old_tasks or 0) if decision.action == "wait" else 0
+    )
+    if decision.abandoned is not None:
+        held = "an unknown number of" if decision.abandoned < 0 else str(decision.abandoned)
+        t.metrics.tasks_abandoned.labels(t.namespace, keyring).inc(max(0, decision.abandoned))
+        t.warn(
+            "TasksWaitExpired",
+            f"the old key was dropped {t.rt.tasks_wait_limit:g}s after the token TTL "
+            f"(--tasks-wait-limit) with {held} live task(s) sealed under it: they fail",
+        )
     if phase == "Complete":
         t.metrics.rotation_ended(t.namespace, keyring, "complete")
         t.rt.forget_clock(t.uid)
     else:
         t.metrics.set_phase(t.namespace, keyring, phase)
     stalled = _stall(t, keyring, decision, clock, now)
-    return rotation_progress(
+    progress = rotation_progress(
         decision, conv, t.status, so_far, stalled=stalled, emergency=rot.emergency
     )
+    return rotation_tasks(decision, t.status, progress)
 
 
 def _stall(t: Tick, keyring: str, decision: Decision, clock: Clock, now: float) -> bool:

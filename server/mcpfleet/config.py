@@ -87,6 +87,11 @@ class ReplicaConfig:
     #: Seconds a task request (a creation, ``tasks/get|update|cancel``) may wait
     #: on Redis before it is answered with an error saying the outcome is unknown.
     tasks_deadline: float = 10.0
+    #: Encrypt every stored task snapshot (the caller's context a worker restores)
+    #: under a key derived from the request-state key ring the replica already
+    #: loads: sealed with its first key, opened with any of its keys
+    #: (:class:`mcpfleet.tasks.RingSnapshotCodec`).
+    tasks_encrypt: bool = False
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

@@ -78,6 +78,11 @@ def check_fleet_name(fleet: str) -> str:
     return fleet
 
 
+def task_seals_of(tasks: str, kid: str) -> str:
+    """:meth:`RedisKeys.task_seals` from the queue's name (:attr:`RedisKeys.tasks`)."""
+    return f"{tasks}:sealed:{kid}"
+
+
 @dataclass(frozen=True)
 class RedisKeys:
     """Names of every Redis key mcpfleet uses, scoped by fleet.
@@ -143,6 +148,22 @@ class RedisKeys:
         """
         return f"{self.prefix}:tasks"
 
+    def task_seals(self, kid: str) -> str:
+        """The ledger of live MCP tasks whose stored snapshot key ``kid`` sealed
+        (``--tasks-encrypt``, :mod:`mcpfleet.tasks`): a sorted set, one member per
+        task (a hash of its scope and id, never the id), scored by the time (Unix
+        seconds) its snapshot expires.
+
+        A replica adds a task before it stores the snapshot, slides the score
+        when the engine slides the snapshot's TTL, and removes it when the task
+        ends (completed, failed, cancelled). A replica lost in between leaves an
+        entry that counts until its score passes: too many, never too few. The
+        operator counts the old kid's live members (ZCOUNT from now) before it
+        retires that key. Under :attr:`tasks`, so the replica's queue selector
+        covers it.
+        """
+        return task_seals_of(self.tasks, kid)
+
     def acl_rules(self, component: RedisComponent) -> list[str]:
         """The Redis ACL rules ``component`` needs in this fleet, and nothing more.
 
@@ -175,7 +196,8 @@ class RedisKeys:
           same commands: MGET, GET, SET NX PX, PEXPIRE, DEL); the registry,
           read only; the version check at start: INFO.
         * ``operator`` (:mod:`mcpfleet_operator.runtime`): the registry and
-          the attestations, read only.
+          the attestations, read only; the task-seal ledgers
+          (:meth:`task_seals`), read only, counted with ZCOUNT.
 
         PING is the client's health check; SELECT lets a URL name a database.
         AUTH and HELLO need no rule.
@@ -220,8 +242,8 @@ class RedisKeys:
             # the version check at start: INFO.
             commands = ["smembers", "mget", "get", "set", "pexpire", "del", "info"]
         elif component == "operator":
-            keys = [f"%R~{registry}", f"%R~{records}"]
-            commands = ["smembers", "mget"]
+            keys = [f"%R~{registry}", f"%R~{records}", f"%R~{self.task_seals('*')}"]
+            commands = ["smembers", "mget", "zcount"]
         else:
             raise ValueError(f"component must be one of {REDIS_COMPONENTS}, got {component!r}")
         return [*base, *keys, *(f"+{c}" for c in commands)]

@@ -154,6 +154,7 @@ def test_kubeconform_refuses_a_bad_service_monitor(helm: Helm, schemas: Path) ->
         ),
         ("fleet=Not_A_Label", "/fleet'"),
         ("server.replicas=0", "/server/replicas': minimum"),
+        ("server.tasks.concurrency=0", "/server/tasks/concurrency': minimum"),
         ("image.pullPolicy=Sometimes", "/image/pullPolicy': value must be one of"),
         ("serverr.replicas=2", "additional properties 'serverr' not allowed"),
         ("image.digest=latest", "/image/digest'"),
@@ -340,6 +341,37 @@ def test_session_rehoming_is_off_by_default_and_its_values_set_both_components_f
     assert ("--rehome-sessions" in router["args"]) is router_flag
     flags = {"--drain-handover", "--no-session-rehome"} & set(server["args"])
     assert flags == ({server_flag} if server_flag else set())
+
+
+def test_the_task_values_reach_the_replicas_flags_with_the_replicas_own_defaults(
+    helm: Helm,
+) -> None:
+    from mcpfleet.config import ReplicaConfig
+
+    def flags(*args: str) -> dict[str, float]:
+        docs = chartkit.objects(chartkit.render(helm, *args))
+        (container,) = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]["containers"]
+        tasks = [a for a in container["args"] if a.startswith("--tasks-")]
+        pairs = (a.split("=", 1) for a in tasks if "=" in a)
+        return {k: float(v) for k, v in pairs} | {a: 1.0 for a in tasks if "=" not in a}
+
+    defaults = ReplicaConfig(keys_dir=Path("."))
+    assert flags() == {
+        "--tasks-redelivery": defaults.tasks_redelivery,
+        "--tasks-concurrency": defaults.tasks_concurrency,
+        "--tasks-deadline": defaults.tasks_deadline,
+    }
+    assert defaults.tasks_encrypt is False
+    tuned = (
+        "server.tasks.redelivery=12,server.tasks.concurrency=4,server.tasks.deadline=3,"
+        "server.tasks.encrypt=true"
+    )
+    assert flags("--set", tuned) == {
+        "--tasks-redelivery": 12,
+        "--tasks-concurrency": 4,
+        "--tasks-deadline": 3,
+        "--tasks-encrypt": 1,
+    }
 
 
 def test_the_router_answers_only_its_own_service_names(helm: Helm) -> None:

@@ -19,10 +19,12 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from kubernetes import client as k8s
 
 from fleetkit import scenarios
@@ -36,12 +38,15 @@ from fleetkit.operatorkit import (
     operator_env,
     ring_body_for,
 )
+from mcpfleet.contract import RedisKeys
 from mcpfleet_operator.api import KEYRINGS, KEYROTATIONS
 
 pytestmark = pytest.mark.controlplane
 
 STATE_TTL = 3
 STALL_AFTER = 2.0
+#: The operator's --tasks-wait-limit here: seconds after the token TTL.
+TASKS_WAIT_LIMIT = 8.0
 RING = "keys"
 PHASES = ("Staging", "Promoting", "Waiting", "Retiring", "Complete")
 
@@ -63,6 +68,7 @@ def env(
             tmp_path_factory.mktemp("operator-rotation"),
             state_ttl=STATE_TTL,
             stall_after=STALL_AFTER,
+            tasks_wait_limit=TASKS_WAIT_LIMIT,
         ) as env,
     ):
         env.resources.create(KEYRINGS, ring_body_for(env, RING, token_ttl=f"{STATE_TTL}s"))
@@ -156,7 +162,14 @@ async def test_a_full_rotation_under_load_fails_no_round(env: OperatorEnv) -> No
     assert set(PHASES) <= set(status["phaseTimestamps"])
     assert status["convergence"] == "3/3" and status["lagging"] == []
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conditions == {"Progressing": "False", "Degraded": "False", "Complete": "True"}
+    assert conditions == {
+        "Progressing": "False",
+        "Degraded": "False",
+        "Complete": "True",
+        "TasksDrained": "True",
+    }
+    assert status["covers"] == ["request-state", "task-snapshots"]
+    assert status["oldKeyTasks"] == 0
     wait_for(
         lambda: set(PHASES) | {"Requested"} <= res.event_reasons("under-load"),
         timeout=15,
@@ -258,6 +271,85 @@ def test_a_second_rotation_waits_pending_until_the_first_completes(env: Operator
     second = res.wait_rotation("second", "Complete", 90)
     assert second["oldKid"] == first["newKid"]
     assert second["phaseTimestamps"]["Staging"] > first["phaseTimestamps"]["Complete"]
+
+
+def _seal_ledger(env: OperatorEnv, kid: str) -> tuple[redis.Redis, str]:
+    """The fleet's seal ledger of ``kid``, as replicas running tasks with
+    --tasks-encrypt keep it (these replicas run none: the test writes it)."""
+    client = redis.Redis(host="127.0.0.1", port=env.fleet.redis_port, socket_timeout=5)
+    return client, RedisKeys(env.fleet.fleet).task_seals(kid)
+
+
+def test_the_retire_step_waits_until_no_live_task_is_sealed_under_the_old_key(
+    env: OperatorEnv,
+) -> None:
+    cf, res, op = env.fleet, env.resources, env.operator
+    (old,) = cf.ring().kids
+    client, ledger = _seal_ledger(env, old)
+    until = time.time() + 600
+    client.zadd(ledger, {f"task-{i}": until for i in range(50)})
+    client.zadd(ledger, {"expired": time.time() - 1})  # a lost replica's, long expired
+    try:
+        res.rotate("tasks-held", RING)
+        held = wait_for(
+            lambda: (s := res.rotation("tasks-held")).get("oldKeyTasks") == 50 and s,
+            timeout=60,
+            what="the retire step to wait for 50 tasks",
+        )
+        assert held["phase"] == "Waiting" and cf.ring().kids[1] == old
+        drained = {c["type"]: c for c in held["conditions"]}["TasksDrained"]
+        assert (drained["status"], drained["reason"]) == ("False", "Waiting")
+        assert f"50 live task(s) hold a snapshot sealed under {old}" in held["message"]
+        assert op.metric("mcpfleet_operator_old_key_tasks", keyring=RING) == 50
+        assert not held.get("stalled"), "waiting for tasks is not a stall"
+        # The tasks end one by one; the key stays until the last has.
+        client.zrem(ledger, *[f"task-{i}" for i in range(49)])
+        wait_for(
+            lambda: res.rotation("tasks-held").get("oldKeyTasks") == 1,
+            timeout=30,
+            what="the count to follow",
+        )
+        assert cf.ring().kids[1] == old
+        client.zrem(ledger, "task-49")
+        status = res.wait_rotation("tasks-held", "Complete", 60)
+    finally:
+        client.delete(ledger)
+        client.close()
+    assert status["oldKeyTasks"] == 0 and "tasksAbandoned" not in status
+    drained = {c["type"]: c for c in status["conditions"]}["TasksDrained"]
+    assert (drained["status"], drained["reason"]) == ("True", "NoneLeft")
+    assert op.metric("mcpfleet_operator_old_key_tasks", keyring=RING) == 0
+
+
+def test_a_task_that_never_ends_holds_the_retire_only_until_the_tasks_wait_limit(
+    env: OperatorEnv,
+) -> None:
+    res, op = env.resources, env.operator
+    (old,) = env.fleet.ring().kids
+    client, ledger = _seal_ledger(env, old)
+    client.zadd(ledger, {"stuck-1": time.time() + 600, "stuck-2": time.time() + 600})
+    try:
+        res.rotate("tasks-stuck", RING)
+        status = res.wait_rotation("tasks-stuck", "Complete", 60)
+    finally:
+        client.delete(ledger)
+        client.close()
+    times = {
+        p: dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+        for p, t in status["phaseTimestamps"].items()
+    }
+    waited = (times["Retiring"] - times["Waiting"]).total_seconds()
+    assert waited >= STATE_TTL + TASKS_WAIT_LIMIT - 0.5, waited
+    assert status["tasksAbandoned"] == 2 and status["oldKeyTasks"] == 2
+    drained = {c["type"]: c for c in status["conditions"]}["TasksDrained"]
+    assert (drained["status"], drained["reason"]) == ("False", "WaitLimitExceeded")
+    assert "2 live task(s)" in drained["message"]
+    wait_for(
+        lambda: "TasksWaitExpired" in res.event_reasons("tasks-stuck"),
+        timeout=15,
+        what="the TasksWaitExpired Event",
+    )
+    assert op.metric("mcpfleet_operator_tasks_abandoned_total", keyring=RING) == 2
 
 
 def test_emergency_mode_skips_the_ttl_wait_and_says_so(env: OperatorEnv) -> None:

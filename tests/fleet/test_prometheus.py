@@ -62,6 +62,16 @@ CLUSTER_ONLY_ALERTS = {
 #: session cap, upstream failures): each outcome they name must be one the router
 #: emits, and their selectors without the outcome matcher must return series with
 #: the labels they use.
+#: Panels and alerts over the task metrics: only a replica whose app has task tools
+#: exports them; tests/fleet/test_tasks.py checks them (make test-tasks).
+NEEDS_TASKS = "needs an app with task tools (make test-tasks)"
+TASKS_ONLY_PANELS = {
+    "mcpfleet / Rounds / Tasks created and ended per tool",
+    "mcpfleet / Rounds / Task failure ratio per tool",
+    "mcpfleet / Rounds / Task queue: waiting and running",
+    "mcpfleet / Rounds / Task input requests per tool",
+}
+TASKS_ONLY_ALERTS = {"McpfleetTaskQueueGrowing", "McpfleetTasksFailing"}
 RARE_OUTCOME_ALERTS = {"McpfleetRouterErrorRatioHigh", "McpfleetSessionCapReached"}
 ROUTER_OUTCOMES = {o.value for o in RequestOutcome} | {f.value for f in Failure}
 _OUTCOME = re.compile(r',?\s*outcome=~?"([^"]*)"')
@@ -264,12 +274,16 @@ def _check(obs: Observed, what: str, expr: str, metrics: set[str]) -> str | None
 
 
 def test_every_dashboard_query_returns_series(observed: Observed) -> None:
-    failures, cluster_only = [], []
+    failures, cluster_only, tasks_only = [], [], []
     queries = monitoring.panel_queries()
     assert len(queries) >= 30
     for q in queries:
         expr = monitoring.substitute(q.expr, observed.fleet.fleet)
         what = f"{q.dashboard} / {q.panel}"
+        if q.needs_tasks:
+            observed.prom.query(expr)  # valid PromQL all the same (raises if not)
+            tasks_only.append(what)
+            continue
         if q.needs_operator:
             observed.prom.query(expr)  # valid PromQL all the same (raises if not)
             cluster_only.append(what)
@@ -278,14 +292,19 @@ def test_every_dashboard_query_returns_series(observed: Observed) -> None:
         if problem:
             failures.append(problem)
     print("\n".join(f"{c}: {NEEDS_OPERATOR}" for c in sorted(set(cluster_only))))
+    print("\n".join(f"{c}: {NEEDS_TASKS}" for c in sorted(set(tasks_only))))
     assert failures == [], "\n".join(failures)
     assert set(cluster_only) == CLUSTER_ONLY_PANELS
+    assert set(tasks_only) == TASKS_ONLY_PANELS
 
 
 def test_every_alert_expression_is_valid_and_names_exported_series(observed: Observed) -> None:
-    failures, cluster_only = [], []
+    failures, cluster_only, tasks_only = [], [], []
     for alert in monitoring.alerts():
         observed.prom.query(alert.expr)  # the whole expression evaluates (raises if not)
+        if monitoring.needs_tasks(alert.expr):
+            tasks_only.append(alert.name)
+            continue
         for selector in alert.selectors():
             metric = selector.split("{")[0]
             if monitoring.needs_operator(selector):
@@ -309,8 +328,10 @@ def test_every_alert_expression_is_valid_and_names_exported_series(observed: Obs
             if missing:
                 failures.append(f"{alert.name}: labels {sorted(missing)} not exported")
     print("\n".join(f"{c}: {NEEDS_OPERATOR}" for c in sorted(set(cluster_only))))
+    print("\n".join(f"{c}: {NEEDS_TASKS}" for c in sorted(set(tasks_only))))
     assert failures == [], "\n".join(failures)
     assert set(cluster_only) == CLUSTER_ONLY_ALERTS
+    assert set(tasks_only) == TASKS_ONLY_ALERTS
 
 
 def test_prometheus_loads_and_evaluates_every_alert_rule(observed: Observed) -> None:

@@ -23,6 +23,9 @@ EXPECTED = {
     "McpfleetRouterErrorRatioHigh",
     "McpfleetSessionCapReached",
     "McpfleetRedisMemoryNearMax",
+    # MCP tasks (issue 28): a growing queue, tasks failing.
+    "McpfleetTaskQueueGrowing",
+    "McpfleetTasksFailing",
 }
 
 

@@ -62,4 +62,5 @@ def test_dashboard_queries_only_name_mcpfleet_metrics_with_one_prefix() -> None:
                 "replica",
                 "router",
                 "operator",
+                "tasks",
             }, metric

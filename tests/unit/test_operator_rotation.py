@@ -258,3 +258,38 @@ def test_a_resumed_rotation_reads_its_kids_back_from_the_secret() -> None:
     assert resumed_kids(ME, RingView("promoted", (NEW, OLD), ME)) == (OLD, NEW)
     assert resumed_kids(ME, RingView("staged", (OLD, NEW), "other")) is None
     assert resumed_kids(ME, RingView("stable", (NEW,), ME)) is None
+
+
+def test_the_retire_step_waits_for_live_tasks_sealed_under_the_old_key() -> None:
+    waiting = {"new_kid": NEW, "ttl_elapsed": True}
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), old_tasks=50, **waiting))
+    assert (d.action, d.next_phase, d.old_tasks, d.abandoned) == ("wait", "Waiting", 50, None)
+    assert f"50 live task(s) hold a snapshot sealed under {OLD}" in d.message
+    assert not is_stalled(d, waited=1e9, stall_after=1.0), "a task wait is not a stall"
+    # An unreadable ledger (a Redis stall) is no evidence that none is left.
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), old_tasks=None, **waiting))
+    assert (d.action, d.old_tasks) == ("wait", -1) and "cannot be read" in d.message
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), old_tasks=0, **waiting))
+    assert (d.action, d.next_phase, d.old_tasks, d.abandoned) == ("retire", "Retiring", 0, None)
+    # Tasks never hold the TTL wait shorter, nor a lagging replica's confirmation.
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), new_kid=NEW, old_tasks=0))
+    assert d.action == "wait" and "token TTL" in d.message
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), lagging=("r1",), old_tasks=0, **waiting))
+    assert d.action == "wait" and d.lagging == ("r1",)
+
+
+def test_the_tasks_wait_limit_retires_anyway_and_says_how_many_tasks_fail() -> None:
+    over = {"new_kid": NEW, "ttl_elapsed": True, "tasks_wait_over": True}
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), old_tasks=3, **over))
+    assert (d.action, d.next_phase, d.abandoned) == ("retire", "Retiring", 3)
+    assert "3 live task(s)" in d.message and "fail" in d.message
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), old_tasks=None, **over))
+    assert (d.action, d.abandoned) == ("retire", -1) and "unknown number" in d.message
+    # None left when the limit passes: an ordinary retire, nothing abandoned.
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), old_tasks=0, **over))
+    assert (d.action, d.abandoned) == ("retire", None)
+
+
+def test_emergency_retires_without_waiting_for_tasks() -> None:
+    d = decide(observe("Waiting", "promoted", (NEW, OLD), new_kid=NEW, emergency=True, old_tasks=7))
+    assert d.action == "retire"

@@ -209,3 +209,55 @@ def test_a_lost_ttl_clock_starts_the_full_ttl_again() -> None:
     assert clock.ttl_started is None
     assert not clock.ttl_elapsed(waiting=True, ttl=3600.0) and clock.ttl_started is not None
     assert clock.ttl_elapsed(waiting=True, ttl=0.0)
+
+
+def test_the_rotation_status_says_what_its_keys_cover_and_who_holds_the_old_key() -> None:
+    from mcpfleet_operator.status import rotation_tasks
+
+    ring = conv(("new", "old"))
+    wait = Decision("wait", "Waiting", "Waiting", "waiting: 50 live task(s)", old_tasks=50)
+    progress = rotation_progress(wait, ring, {}, {}, stalled=False, emergency=False, now=T0)
+    status = rotation_tasks(wait, {}, progress)
+    assert status["covers"] == ["request-state", "task-snapshots"]
+    assert status["oldKeyTasks"] == 50 and "tasksAbandoned" not in status
+    drained = by_type(status)["TasksDrained"]
+    assert (drained["status"], drained["reason"]) == ("False", "Waiting")
+    assert {"Progressing", "Degraded", "Complete"} <= set(by_type(status))
+    retire = Decision("retire", "Waiting", "Retiring", "none left", old_tasks=0)
+    progress = rotation_progress(retire, ring, status, {}, stalled=False, emergency=False)
+    after = rotation_tasks(retire, status, progress)
+    assert after["oldKeyTasks"] == 0
+    assert (by_type(after)["TasksDrained"]["status"], by_type(after)["TasksDrained"]["reason"]) == (
+        "True",
+        "NoneLeft",
+    )
+    # A later tick that says nothing of tasks keeps the condition.
+    done = Decision("complete", "Retiring", "Complete", "every replica holds only the new key")
+    progress = rotation_progress(done, conv(("new",)), after, {}, stalled=False, emergency=False)
+    kept = rotation_tasks(done, after, progress)
+    assert by_type(kept)["TasksDrained"] == by_type(after)["TasksDrained"]
+    assert "oldKeyTasks" not in kept  # unchanged, so not patched
+
+
+def test_a_forced_retire_marks_the_tasks_it_failed() -> None:
+    from mcpfleet_operator.status import rotation_tasks
+
+    forced = Decision("retire", "Waiting", "Retiring", "limit passed", old_tasks=4, abandoned=4)
+    progress = rotation_progress(
+        forced, conv(("new", "old")), {}, {}, stalled=False, emergency=False
+    )
+    status = rotation_tasks(forced, {}, progress)
+    assert status["tasksAbandoned"] == 4 and status["oldKeyTasks"] == 4
+    drained = by_type(status)["TasksDrained"]
+    assert (drained["status"], drained["reason"]) == ("False", "WaitLimitExceeded")
+
+
+def test_the_tasks_wait_limit_counts_from_the_end_of_the_ttl() -> None:
+    from mcpfleet_operator.runtime import Clock
+
+    clock = Clock()
+    assert not clock.tasks_wait_over(ttl=0.0, limit=0.0), "no limit runs before the TTL"
+    assert not clock.ttl_elapsed(waiting=True, ttl=3600.0)
+    assert not clock.tasks_wait_over(ttl=3600.0, limit=0.0)
+    assert not clock.tasks_wait_over(ttl=0.0, limit=3600.0)
+    assert clock.tasks_wait_over(ttl=0.0, limit=0.0)

@@ -157,8 +157,11 @@ def test_the_replicas_queue_rules_are_a_selector_on_the_queues_keys_and_channels
     # The routes and the once-ledger gain no command from the queue.
     assert "+xadd" not in root and "+hset" not in root
     assert not [r for r in root if "tasks" in r]
-    for component in ("router", "operator"):
-        assert not [r for r in RedisKeys("blue").acl_rules(component) if "tasks" in r]
+    assert not [r for r in RedisKeys("blue").acl_rules("router") if "tasks" in r]
+    # The operator reads the task-seal ledgers only (ZCOUNT), never the queue.
+    operator = RedisKeys("blue").acl_rules("operator")
+    assert [r for r in operator if "tasks" in r] == ["%R~mcpfleet:blue:tasks:sealed:*"]
+    assert RedisKeys("blue").task_seals("k1") == "mcpfleet:blue:tasks:sealed:k1"
 
 
 def test_an_app_without_a_tasks_extension_is_left_alone() -> None:
@@ -246,3 +249,105 @@ async def test_a_bounded_call_answers_within_its_deadline_saying_the_outcome_is_
         MCPError, match=r"did not answer within 0\.05 s; the outcome of x is unknown"
     ):
         await bounded(stalled, 0.05, "x")()
+
+
+def test_a_tasks_tool_is_named_from_its_component_key() -> None:
+    from mcpfleet.tasks import _tool_of, _tool_of_key
+
+    assert _tool_of("tool:double@") == "double"
+    assert _tool_of("tool:report@1.2") == "report"
+    assert _tool_of("tool:a:b@") == "a:b"
+    assert _tool_of("") == "other"
+    assert _tool_of_key("not a task key") == "other"
+
+
+def test_task_tool_labels_are_bounded() -> None:
+    from mcpfleet.tasks import MAX_TOOL_LABELS, FleetTasks
+
+    seen: list[tuple[str, str]] = []
+    queue = FleetQueue("mcpfleet:t:tasks", "memory://", None, "r0", 5, 2)
+    handle = FleetTasks(object(), queue, lambda tool, event: seen.append((tool, event)))
+    for i in range(MAX_TOOL_LABELS + 10):
+        handle.event(f"tool{i}", "created")
+    handle.event("tool0", "completed")
+    names = {tool for tool, _ in seen}
+    assert len(names) == MAX_TOOL_LABELS + 1 and "other" in names
+    assert seen[-1] == ("tool0", "completed"), "a tool counted once keeps its name"
+
+
+def test_a_replica_without_an_engine_running_has_nothing_to_drain_or_read() -> None:
+    import asyncio
+
+    from mcpfleet.tasks import FleetTasks
+
+    queue = FleetQueue("mcpfleet:t:tasks", "memory://", None, "r0", 5, 2)
+    handle = FleetTasks(object(), queue, None)
+    assert handle.busy() == 0
+    assert handle.stop_taking() is False
+    assert asyncio.run(handle.hand_back(None, 1.0)) == 0
+    assert asyncio.run(handle.queue_depth(None)) is None
+
+
+def test_the_task_metrics_count_each_event_under_its_own_name(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.replica.gate import GateState
+    from mcpfleet.replica.metrics import ReplicaMetrics
+    from mcpfleet.tasks import TASK_EVENTS
+
+    ring = KeyRing.generate()
+    metrics = ReplicaMetrics(app="a:b", ring=lambda: ring, gate=GateState(name="r0"))
+    assert b"mcpfleet_tasks_" not in metrics.render(), "none for an app without task tools"
+    metrics.enable_tasks(lambda: 3)
+    for event in TASK_EVENTS:
+        metrics.task_event("double", event)
+    metrics.task_queue_depth(7)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+    }
+    assert samples[("mcpfleet_tasks_created_total", (("tool", "double"),))] == 1
+    assert samples[("mcpfleet_tasks_input_requests_total", (("tool", "double"),))] == 1
+    for status in ("completed", "error", "failed", "cancelled"):
+        key = ("mcpfleet_tasks_finished_total", (("status", status), ("tool", "double")))
+        assert samples[key] == 1, status
+    assert samples[("mcpfleet_tasks_running", ())] == 3
+    assert samples[("mcpfleet_tasks_queue_depth", ())] == 7
+    assert samples[("mcpfleet_tasks_queue_read_timestamp_seconds", ())] > 0
+
+
+@pytest.mark.tasks
+def test_snapshots_sealed_under_the_ring_open_with_any_of_its_keys_and_fail_closed_else() -> None:
+    pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make test-tasks")
+    from fastmcp_tasks.encryption import SnapshotDecryptionError
+
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.tasks import RingSnapshotCodec
+
+    rings = [KeyRing.generate()]
+    rings.append(rings[0].stage())
+    rings.append(rings[1].promote())
+    rings.append(rings[2].retire())
+    current = [rings[0]]
+    seen: list[tuple[str, str]] = []
+    codec = RingSnapshotCodec(lambda: current[0], lambda event, kid: seen.append((event, kid)))
+    old, new = rings[0].kids[0], rings[3].kids[0]
+    sealed_old = codec.encode(snapshot())
+    assert sealed_old.startswith(f"mcpfleet:v1:{old}:") and BEARER not in sealed_old
+    for ring in rings[1:3]:  # staged and promoted: the old key still opens
+        current[0] = ring
+        assert json.loads(codec.decode(sealed_old))["owning_tool_name"] == "double"
+    sealed_new = codec.encode(snapshot())
+    assert sealed_new.startswith(f"mcpfleet:v1:{new}:")
+    current[0] = rings[3]
+    assert json.loads(codec.decode(sealed_new))["owning_tool_name"] == "double"
+    with pytest.raises(SnapshotDecryptionError, match=f"sealed with key {old}"):
+        codec.decode(sealed_old)
+    with pytest.raises(SnapshotDecryptionError, match="not sealed by the fleet"):
+        codec.decode(snapshot())
+    tampered = sealed_new[:-8] + ("A" * 8 if not sealed_new.endswith("A" * 8) else "B" * 8)
+    with pytest.raises(SnapshotDecryptionError, match="tampered"):
+        codec.decode(tampered)
+    assert ("seal", old) in seen and ("unseal", new) in seen

@@ -32,6 +32,16 @@ OPERATOR_PREFIX = "mcpfleet_operator_"
 OPERATOR_JOB = "-operator-metrics"
 
 
+#: Metrics only a replica whose app has MCP task tools exports (mcpfleet.tasks): the
+#: tasks tests check them (.venv-tasks, make test-tasks), not the plain fleet's.
+TASKS_PREFIX = "mcpfleet_tasks_"
+
+
+def needs_tasks(expr: str) -> bool:
+    """True for an expression over the task metrics (an app with task tools)."""
+    return TASKS_PREFIX in expr
+
+
 _OPERATOR_UP = re.compile(r"\bup\{[^}]*" + re.escape(OPERATOR_JOB))
 
 
@@ -67,6 +77,10 @@ class PanelQuery:
     @property
     def needs_operator(self) -> bool:
         return any(m.startswith(OPERATOR_PREFIX) for m in self.metrics)
+
+    @property
+    def needs_tasks(self) -> bool:
+        return any(m.startswith(TASKS_PREFIX) for m in self.metrics)
 
 
 def dashboards() -> dict[str, dict[str, Any]]:

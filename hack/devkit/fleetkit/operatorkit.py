@@ -139,6 +139,7 @@ class OperatorProcess:
     redis_password_file: Path | None = None
     priority: int = 100
     stall_after: float = 120.0
+    tasks_wait_limit: float = 3600.0
     peering_lifetime: int = 3
     metrics_port: int = 0
     health_port: int = 0
@@ -169,6 +170,8 @@ class OperatorProcess:
             str(self.peering_lifetime),
             "--stall-after",
             str(self.stall_after),
+            "--tasks-wait-limit",
+            str(self.tasks_wait_limit),
             *(
                 ["--redis-password-file", str(self.redis_password_file)]
                 if self.redis_password_file
@@ -374,6 +377,8 @@ class OperatorEnv:
     kubeconfig: Path
     workdir: Path
     stall_after: float
+    #: ``--tasks-wait-limit`` of the operators started here.
+    tasks_wait_limit: float = 3600.0
     #: What the operator reads attestations with: a read-only Redis account
     #: under ``RedisKeys(fleet).acl_rules("operator")``, its password in a file.
     redis_url: str = ""
@@ -407,6 +412,7 @@ class OperatorEnv:
             log=self.workdir / f"operator-{self._starts}.log",
             priority=priority if priority is not None else self.next_priority(),
             stall_after=self.stall_after,
+            tasks_wait_limit=self.tasks_wait_limit,
             identity=f"operator-{self._starts}",
         )
         self.operators.append(op)
@@ -437,6 +443,7 @@ def operator_env(
     routers: int = 1,
     state_ttl: int = 3,
     stall_after: float = 120.0,
+    tasks_wait_limit: float = 3600.0,
     fleet: str = "test",
     start: bool = True,
 ) -> Iterator[OperatorEnv]:
@@ -466,6 +473,7 @@ def operator_env(
             kubeconfig=kubeconfig,
             workdir=workdir,
             stall_after=stall_after,
+            tasks_wait_limit=tasks_wait_limit,
             rendered=docs,
         )
         try:

@@ -11,6 +11,8 @@ guard in a task: the task asks (``input_required``), a ``tasks/update``
 answers it, and the next leg appends ``confirmed <tag>``. (It returns its
 question itself: mcpfleet's ``ask_then`` takes the handshake branch in a
 worker, which has no request and so no protocol version; docs/tasks.md.)
+``broken`` raises: a plain error (the task completes with ``isError``) or, with
+``protocol``, an MCP error (the engine fails the task).
 
 With ``$TASKAPP_JWT_PUBLIC_KEY_FILE`` (and ``TASKAPP_JWT_ISSUER``,
 ``TASKAPP_JWT_AUDIENCE``, ``TASKAPP_BASE_URL``), the app checks bearer tokens
@@ -27,7 +29,14 @@ from typing import Any
 from fastmcp import Context, FastMCP
 from fastmcp.server.dependencies import get_access_token
 from fastmcp_tasks import TasksExtension
-from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitResult,
+    InputRequiredResult,
+)
 
 EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
 
@@ -105,3 +114,11 @@ async def confirm(tag: str, ctx: Context) -> str | InputRequiredResult:
         _effect(f"confirmed {tag} pid={os.getpid()}")
         return f"{tag}: confirmed"
     return f"{tag}: declined"
+
+
+@app.tool(task=True)
+async def broken(protocol: bool = False) -> str:
+    """Raises: an MCP error with ``protocol`` (a failed task), else a plain one (``isError``)."""
+    if protocol:
+        raise MCPError(code=INTERNAL_ERROR, message="broken on purpose")
+    raise ValueError("broken on purpose")

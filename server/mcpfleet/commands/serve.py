@@ -154,6 +154,12 @@ def add_parsers(sub: Any) -> None:
         default=rep.tasks_deadline,
         help=f"s a task request may wait on Redis before its error (default {rep.tasks_deadline})",
     )
+    s.add_argument(
+        "--tasks-encrypt",
+        action="store_true",
+        default=rep.tasks_encrypt,
+        help="encrypt stored task snapshots under keys derived from the key ring (--keys)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -59,11 +59,23 @@ from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
 from mcpfleet.sigterm import SigtermFirstServer
-from mcpfleet.tasks import fleet_queue_of, has_tasks_extension, install_tasks
+from mcpfleet.tasks import (
+    FleetTasks,
+    RingSnapshotCodec,
+    fleet_queue_of,
+    has_tasks_extension,
+    wire_tasks,
+)
 
 log = logging.getLogger("mcpfleet.replica")
 
 _OURS = "_mcpfleet_replica_installed"
+
+#: Seconds each step of handing a draining worker's tasks back may take.
+TASK_HAND_BACK_WAIT = 2.0
+
+#: Seconds between two reads of the task queue's depth (a metric).
+TASK_QUEUE_READ_INTERVAL = 2.0
 
 #: Seconds an idle keep-alive connection to a replica stays open.
 REPLICA_KEEPALIVE = 75
@@ -89,8 +101,15 @@ class Replica:
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
+        self.tasks: FleetTasks | None = None
         if has_tasks_extension(self.mcp_app):
-            install_tasks(self.mcp_app, fleet_queue_of(config, self.name))
+            queue = fleet_queue_of(config, self.name)
+            sealer = None
+            if config.tasks_encrypt:
+                sealer = RingSnapshotCodec(lambda: self.codec.ring, self.metrics.snapshot_event)
+            self.tasks = wire_tasks(self.mcp_app, queue, self.metrics.task_event, sealer)
+        if self.tasks is not None:
+            self.metrics.enable_tasks(self.tasks.busy)
         # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
         self._install_ledger(MemoryLedger())
         self.publisher: Publisher | None = None
@@ -110,6 +129,8 @@ class Replica:
             inner, self.state, extra_routes={"/metrics": self.serve_metrics}
         )
         self._drained = asyncio.Event()
+        #: The fleet's Redis, while the replica serves with one.
+        self.redis: Any = None
 
     def _http_app(self, json_response: bool | None) -> StarletteWithLifespan:
         config = self.config
@@ -178,6 +199,7 @@ class Replica:
         if self.config.redis_url:
             client = connect(self.config.redis_url, self.config.redis_files)
             await check_version(client, self.config.redis_deadline)
+            self.redis = client
             ledger = RedisLedger(
                 client,
                 RedisKeys(self.config.fleet),
@@ -202,6 +224,14 @@ class Replica:
                 session_ttl=self.config.session_idle,
             )
             tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
+            if self.tasks is not None:
+                watch = self.tasks.watch_queue(
+                    client,
+                    self.metrics.task_queue_depth,
+                    interval=TASK_QUEUE_READ_INTERVAL,
+                    deadline=self.config.redis_deadline,
+                )
+                tasks.append(asyncio.create_task(watch, name="task-queue-depth"))
         try:
             yield
         finally:
@@ -211,22 +241,35 @@ class Replica:
             self.metrics.unwatch_rejections()
             # Results of once-flows answered just before shutdown reach the ledger first.
             await settle_once()
+            self.redis = None
             if client is not None and self.publisher is not None:
                 await self.publisher.withdraw(self.name)
                 await client.aclose()
 
     async def drain(self) -> None:
-        """Refuse new work now; return once every owned session is closed and nothing is in
-        flight, or the deadline passes."""
+        """Refuse new work now; return once every owned session is closed, nothing is in
+        flight and this replica's worker runs no task, or the deadline passes.
+
+        With MCP tasks, the worker takes no new task from the moment the drain
+        starts and finishes those it runs, their leases renewed; what it still
+        runs at the deadline it hands back to the other replicas' workers
+        (:meth:`mcpfleet.tasks.FleetTasks.hand_back`).
+        """
         cfg = self.config
         self.state.draining = True
         self.state.handover = cfg.drain_handover and cfg.session_rehome
         if self.publisher is not None:
             self.publisher.publish_soon()
+        work = self.tasks
+        if work is not None and work.stop_taking():
+            # A read of the queue already sent may still deliver, within its window.
+            await asyncio.sleep(work.read_window)
+            log.info("draining: the task worker takes no new task")
         log.info(
-            "draining: %d session(s), %d request(s) in flight; deadline %.0fs",
+            "draining: %d session(s), %d request(s) in flight, %d task(s) running; deadline %.0fs",
             self.state.live_sessions(),
             self.state.inflight,
+            work.busy() if work is not None else 0,
             cfg.drain_timeout,
         )
         started = time.monotonic()
@@ -238,21 +281,29 @@ class Replica:
         # a pending elicitation), and the linger lets every router see it.
         handover = self.state.handover
         while time.monotonic() < deadline:
+            busy = work.busy() if work is not None else 0
             done = self.state.inflight == 0 if handover else self.state.idle()
-            if done and time.monotonic() >= linger:
+            if done and not busy and time.monotonic() >= linger:
+                tail = ", no task running" if work is not None else ""
                 log.info(
-                    "drained: no request in flight%s",
+                    "drained: no request in flight%s%s",
                     " (idle sessions handed over)" if handover else " and no open session",
+                    tail,
                 )
                 return
             await asyncio.sleep(0.1)
         log.warning(
-            "drain deadline passed with %d request(s) in flight and %d open session(s); exiting",
+            "drain deadline passed with %d request(s) in flight, %d open session(s) and "
+            "%d task(s) running; exiting",
             self.state.inflight,
             self.state.live_sessions(),
+            work.busy() if work is not None else 0,
         )
         if handover:
             await self._mark_cut_sessions_lost()
+        if work is not None and work.busy():
+            handed = await work.hand_back(self.redis, TASK_HAND_BACK_WAIT)
+            log.warning("drain: %d task(s) handed back to the other replicas' workers", handed)
 
     async def _mark_cut_sessions_lost(self) -> None:
         """Mark in Redis the sessions whose requests the drain deadline is about to cut,
