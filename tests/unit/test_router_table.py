@@ -145,3 +145,20 @@ def test_the_merge_is_pure() -> None:
     after = merge_registry(before, {"a": _att("a", 2)}, 5.0, missing_grace=2.0, absent_limit=10.0)
     assert before.replicas["a"].heartbeat == 1 and before.generation == {"a": 1}
     assert after.generation == {"a": 2} and after.last_seen == {"a": ("http://a", 5.0)}
+
+
+def test_a_draining_replica_that_leaves_the_registry_is_gone_at_once() -> None:
+    """A drain ends with the replica withdrawing its record: the router stops
+    trying its address at once (a deleted pod's address may never refuse the
+    connect), while a serving replica's missing record is still waited for."""
+    before = ViewState()
+    before = merge_registry(
+        before,
+        {"a": _att("a", 1, "draining"), "b": _att("b", 1)},
+        1.0,
+        missing_grace=2.0,
+        absent_limit=10.0,
+    )
+    after = merge_registry(before, {}, 1.5, missing_grace=2.0, absent_limit=10.0)
+    assert "a" not in after.replicas and "a" not in after.last_seen
+    assert "b" in after.replicas and after.last_seen["b"] == ("http://b", 1.0)

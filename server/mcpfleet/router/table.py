@@ -138,6 +138,12 @@ def merge_registry(
     for name, att in state.replicas.items():
         if name in merged or name in dead:
             continue
+        if att.state == "draining":
+            # A draining replica withdraws its record when it exits: gone at once,
+            # its last address with it (a deleted pod's address may not even
+            # refuse a connection: every request would wait out the connect).
+            last_seen.pop(name, None)
+            continue
         since = state.missing.get(name, now)
         if now - since < missing_grace:
             merged[name] = att
@@ -159,7 +165,8 @@ class ReplicaView:
     A replica that vanishes from the registry is kept for ``missing_grace``
     seconds (longer than one heartbeat): a Redis that restarted empty loses
     every record at once, and the replicas write theirs back within a
-    heartbeat. One whose connection was refused is dropped at once and stays
+    heartbeat. One last seen draining is gone at once: a drain ends with the
+    replica withdrawing its record. One whose connection was refused is dropped at once and stays
     dropped until it heart-beats again. The merge itself is
     :func:`merge_registry`, a pure function.
     """
