@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit import scenarios
-from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
+from fleetkit.chartfleet import GROUP, VERSION, ChartFleet, ready
 from fleetkit.controlplane import wait_for
 from fleetkit.providers import Cluster
 from fleetkit.rawsession import bounded, open_sessions
@@ -219,6 +219,26 @@ async def test_helm_upgrade_under_idle_sessions_of_a_client_that_never_reinitial
     off, _, off_took = await _idle_sessions_through_a_replica_roll(release, count, "off")
     # The mode on: the routers keep what re-opens a session; replicas hand over.
     await asyncio.to_thread(release.upgrade, "--set", "router.rehomeSessions=true")
+
+    def rolled(component: str, replicas: int, flag: str) -> bool:
+        # helm's --wait returns once enough new pods are ready, not once the old
+        # are gone: a session opened through an old router keeps no parameters.
+        pods = release.pods(component)
+        return len(pods) == replicas and all(
+            ready(p) and flag in (p.spec.containers[0].args or []) for p in pods
+        )
+
+    for component, replicas, flag in (
+        ("router", 2, "--rehome-sessions"),
+        ("server", 3, "--drain-handover"),
+    ):
+        await asyncio.to_thread(
+            wait_for,
+            lambda: rolled(component, replicas, flag),  # noqa: B023 (called at once)
+            timeout=300,
+            interval=1,
+            what=f"every {component} pod with {flag}",
+        )
     release.wait_serving(3, timeout=300)
     on, on_kept, on_took = await _idle_sessions_through_a_replica_roll(release, count, "on")
     print(
