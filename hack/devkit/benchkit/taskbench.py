@@ -10,29 +10,38 @@ from the main venv, runs this module there as a child process
 that fleet, and the clients, run on ``.venv-tasks``. Without it, or when the
 run fails, the table gets one row saying why.
 
-Two measures, one after the other:
+Three measures, one after the other, on one fleet:
 
 * **Latency** (one client, sequential): a ``tools/call`` of the task tool
   ``double`` (``seconds=0``) through the router, timed until its
   ``CreateTaskResult`` (which the engine answers only once the task is
   durable), then at once a ``tasks/get`` of the new id sent straight to a
   replica other than the one that created it (round robin over the two
-  others), timed until its answer. p50/p99 of each and of the pair; a
-  ``tasks/get`` answered "not found" is counted (the fleet tier proves there
-  are none).
-* **Throughput** (a fixed count of short tasks, a few concurrent clients):
-  each client creates a task through the router and polls ``tasks/get``
-  through the router the way FastMCP's own task client does (backoff from
-  20 ms, doubling, up to the task's ``pollIntervalMs``) until it is final,
-  then creates the next. Completed tasks/s is the count over the wall time;
-  per replica, each replica's worker's completions (its
+  others), timed until its answer. p50/p99 of each and of the pair (per
+  sample); a ``tasks/get`` answered "not found" is counted (the fleet tier
+  proves there are none).
+* **Completed tasks/s, a burst**: a fixed count of short tasks created
+  through the router by a few clients, each sending its share one creation
+  after the other without waiting for any task; the run ends when the
+  replicas' completion counters have gone up by the count. Per replica: each
+  replica's worker's completions (its
   ``mcpfleet_tasks_finished_total{status="completed"}``, before and after)
-  over the same time. The client's poll cadence is part of what this
-  measures: it is what a client of the fleet gets, not the workers' ceiling.
+  over the run's time. The creations' own rate is printed beside it: when
+  the workers keep up, it is the bound.
+* **Completed tasks/s, waiting clients**: a few clients, each creating a task
+  through the router and polling ``tasks/get`` through the router the way
+  FastMCP's own task client does (backoff from 20 ms, doubling, up to the
+  task's ``pollIntervalMs``) until it is final, then creating the next. The
+  poll cadence is part of what this measures: it is what such a client gets
+  (create to seen final, p50/p99), not the workers' ceiling.
+
+Every task's final status and result are checked (``wrong`` counts the
+others).
 
 Nothing here asserts: a benchmark reports, tests prove behaviour.
 
-    PYTHONPATH=hack/devkit .venv-tasks/bin/python -m benchkit.taskbench [--quick] [--json]
+    PYTHONPATH=hack/devkit .venv/bin/python -m benchkit.taskbench [--quick]  # the rows alone
+    PYTHONPATH=hack/devkit .venv-tasks/bin/python -m benchkit.taskbench --json  # the child
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -294,14 +304,14 @@ def completions(lf: ProcessFleet) -> dict[str, int]:
     return out
 
 
-def _create(http: httpx.Client, lf: ProcessFleet, n: int) -> dict[str, object]:
+def _create(http: httpx.Client, lf: ProcessFleet, n: int) -> dict[str, Any]:
     made = create(http, lf.url, TOOL, {"n": n})
     if made.error is not None or "taskId" not in made.result:
         raise RuntimeError(f"creation failed: {made.body}")
     return made.result
 
 
-def _is_right(result: dict[str, object], n: int) -> bool:
+def _is_right(result: dict[str, Any], n: int) -> bool:
     """Whether a final ``tasks/get`` result is ``completed`` with ``double``'s answer."""
     inner = result.get("result")
     structured = inner.get("structuredContent") if isinstance(inner, dict) else None
@@ -321,7 +331,8 @@ def burst(lf: ProcessFleet, run: Run) -> Run:
     Each client sends its share of creations through the router one after the
     other, without waiting for any task; the run ends when the replicas'
     completion counters, read every 50 ms, have gone up by ``run.tasks``.
-    Then every task is read back (untimed) for its status and result.
+    Then every task is read back (untimed, by the same clients) for its
+    status and result.
     """
     ids: dict[str, int] = {}
     lock = threading.Lock()
@@ -345,12 +356,17 @@ def burst(lf: ProcessFleet, run: Run) -> Run:
     run.seconds = time.perf_counter() - started
     after = completions(lf)
     run.completed = {name: after[name] - before.get(name, 0) for name in after}
-    wrong = 0
-    with httpx.Client(timeout=10) as http:
-        for task_id, n in ids.items():
-            got = task(http, lf.url, "tasks/get", task_id)
-            wrong += got.error is not None or not _is_right(got.result, n)
-    run.wrong = wrong
+    everyone = sorted(ids.items())
+
+    def checker(i: int) -> None:
+        with httpx.Client(timeout=10) as http:
+            for task_id, n in everyone[i :: run.clients]:
+                got = task(http, lf.url, "tasks/get", task_id)
+                if got.error is not None or not _is_right(got.result, n):
+                    with lock:
+                        run.wrong += 1
+
+    _in_parallel(run.clients, checker)
     return run
 
 
@@ -368,7 +384,7 @@ def waiting_clients(lf: ProcessFleet, run: Run) -> Run:
                     return
                 started = time.perf_counter()
                 made = _create(http, lf, n)
-                ceiling = max(FIRST_POLL, float(str(made.get("pollIntervalMs", 1000))) / 1000)
+                ceiling = max(FIRST_POLL, float(made.get("pollIntervalMs", 1000)) / 1000)
                 delay, deadline = FIRST_POLL, started + TASK_LIMIT
                 while True:
                     # The client's poll cadence (FastMCP's task client: backoff
