@@ -500,6 +500,35 @@ def keyring_dashboard() -> dict[str, Any]:
                             ),
                         ),
                     ),
+                    PanelSpec(
+                        "Tasks holding the old key",
+                        "Live MCP tasks whose stored snapshot the old key sealed, while a "
+                        "rotation's retire step waits for them (replicas with --tasks-encrypt); "
+                        "0 otherwise. The old key goes at 0, or at the tasks wait limit "
+                        "(operator.tasksWaitLimit) after the token TTL, failing those left. "
+                        "From the operator.",
+                        "short",
+                        (
+                            Query(
+                                f"max by (keyring) (mcpfleet_operator_old_key_tasks{{{op}}})",
+                                "{{keyring}}",
+                            ),
+                        ),
+                    ),
+                    PanelSpec(
+                        "Tasks abandoned by rotations",
+                        "Live MCP tasks under the old key when a rotation retired it at the "
+                        "tasks wait limit, in the dashboard's time range: they failed "
+                        "(McpfleetKeyRotationAbandonedTasks). From the operator.",
+                        "short",
+                        (
+                            Query(
+                                "sum by (keyring) (increase("
+                                f"mcpfleet_operator_tasks_abandoned_total{{{op}}}[$__range]))",
+                                "{{keyring}}",
+                            ),
+                        ),
+                    ),
                 ],
             ),
             (

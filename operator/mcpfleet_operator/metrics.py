@@ -105,6 +105,17 @@ class OperatorMetrics:
         self.rotations.labels(namespace, keyring, result).inc()
         self.set_phase(namespace, keyring, "idle")
 
+    def set_old_key_tasks(self, namespace: str, keyring: str, count: int) -> None:
+        """The live tasks holding the old key while the retire step waits (0 otherwise).
+
+        Called at every step of a rotation, it also creates the KeyRing's
+        abandoned-tasks counter at 0: a counter series first exported at its
+        first abandonment would be, to Prometheus's ``increase()``, no increase
+        at all, and ``McpfleetKeyRotationAbandonedTasks`` would miss it.
+        """
+        self.old_key_tasks.labels(namespace, keyring).set(count)
+        self.tasks_abandoned.labels(namespace, keyring)
+
     def set_replicas(self, namespace: str, keyring: str, desired: int, converged: int) -> None:
         self.replicas.labels(namespace, keyring, "desired").set(desired)
         self.replicas.labels(namespace, keyring, "converged").set(converged)

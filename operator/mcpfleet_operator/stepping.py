@@ -195,8 +195,8 @@ def _record(
     if decision.action == "fail":
         return _fail(t, rot.key_ring, so_far, decision.message)
     keyring = rot.key_ring
-    t.metrics.old_key_tasks.labels(t.namespace, keyring).set(
-        max(0, decision.old_tasks or 0) if decision.action == "wait" else 0
+    t.metrics.set_old_key_tasks(
+        t.namespace, keyring, max(0, decision.old_tasks or 0) if decision.action == "wait" else 0
     )
     if decision.abandoned is not None:
         held = "an unknown number of" if decision.abandoned < 0 else str(decision.abandoned)

@@ -301,6 +301,13 @@ def test_the_retire_step_waits_until_no_live_task_is_sealed_under_the_old_key(
         assert (drained["status"], drained["reason"]) == ("False", "Waiting")
         assert f"50 live task(s) hold a snapshot sealed under {old}" in held["message"]
         assert op.metric("mcpfleet_operator_old_key_tasks", keyring=RING) == 50
+        # Exported at 0 before any abandonment: the alert's increase() needs the 0.
+        abandoned = [
+            value
+            for (name, labels), value in op.metrics().items()
+            if name == "mcpfleet_operator_tasks_abandoned_total" and ("keyring", RING) in labels
+        ]
+        assert abandoned == [0.0]
         assert not held.get("stalled"), "waiting for tasks is not a stall"
         # The tasks end one by one; the key stays until the last has.
         client.zrem(ledger, *[f"task-{i}" for i in range(49)])

@@ -51,10 +51,13 @@ CLUSTER_ONLY_PANELS = {
     "mcpfleet / Key ring / Rotation phase duration p90",
     "mcpfleet / Key ring / Sealing key age",
     "mcpfleet / Key ring / Stalled rotations",
+    "mcpfleet / Key ring / Tasks holding the old key",
+    "mcpfleet / Key ring / Tasks abandoned by rotations",
 }
 CLUSTER_ONLY_ALERTS = {
     "McpfleetKeyRotationStuck",
     "McpfleetKeyRotationFailed",
+    "McpfleetKeyRotationAbandonedTasks",
     "McpfleetKeyTooOld",
     "McpfleetOperatorDown",
 }

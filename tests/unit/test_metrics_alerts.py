@@ -26,6 +26,8 @@ EXPECTED = {
     # MCP tasks (issue 28): a growing queue, tasks failing.
     "McpfleetTaskQueueGrowing",
     "McpfleetTasksFailing",
+    # The operator's tasks wait: a rotation that retired its old key under live tasks.
+    "McpfleetKeyRotationAbandonedTasks",
 }
 
 

@@ -183,6 +183,23 @@ def test_the_metric_names_are_the_contract() -> None:
     )
 
 
+def test_each_rotation_step_exports_the_abandoned_tasks_counter_at_zero_first() -> None:
+    # Prometheus's increase() sees no increase in a series born at its first value:
+    # McpfleetKeyRotationAbandonedTasks needs the counter at 0 before the retire step.
+    m = OperatorMetrics()
+    value = m.registry.get_sample_value
+    labels = {"namespace": "ns", "keyring": "ring"}
+    assert value("mcpfleet_operator_tasks_abandoned_total", labels) is None
+    m.set_old_key_tasks("ns", "ring", 0)
+    assert value("mcpfleet_operator_tasks_abandoned_total", labels) == 0
+    m.set_old_key_tasks("ns", "ring", 7)
+    assert value("mcpfleet_operator_old_key_tasks", labels) == 7
+    assert value("mcpfleet_operator_tasks_abandoned_total", labels) == 0
+    m.forget_keyring("ns", "ring")
+    assert value("mcpfleet_operator_old_key_tasks", labels) is None
+    assert value("mcpfleet_operator_tasks_abandoned_total", labels) == 0, "counters are kept"
+
+
 def test_rotate_wait_prints_phase_convergence_lagging_and_stalls() -> None:
     from mcpfleet_operator.cli import progress_line
 

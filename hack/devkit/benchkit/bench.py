@@ -543,6 +543,10 @@ def main() -> None:
 
         rows += once_rows(args.quick)
     if not args.scale_only:
+        from benchkit.taskbench import task_rows  # issue 28: in .venv-tasks, or why not
+
+        rows += task_rows(args.quick)
+    if not args.scale_only:
         from benchkit.operatorbench import rotation_rows
 
         rows += rotation_rows(1 if args.quick else 3)
