@@ -342,7 +342,12 @@ class Sentinels:
     def start(self, timeout: float = 30.0) -> Sentinels:
         binary = require("redis-sentinel")
         for i in range(self.count):
+            # Distinct ports: a port free a moment ago may be handed out again
+            # before the sentinel just started has bound it (seen: two sentinels
+            # given one port, the second aborting while the first answered for it).
             port = free_port()
+            while port in self.ports:
+                port = free_port()
             directory = self.workdir / f"sentinel-{i}"
             directory.mkdir(parents=True, exist_ok=True)
             conf = secret_file(
@@ -373,6 +378,9 @@ class Sentinels:
                     what=f"sentinel :{port} to see the master",
                     retry_on=NOT_YET,
                 )
+            for proc in self.procs:
+                if not proc.alive:
+                    raise FleetError(f"{proc.name} exited at its start: see {proc.log}")
         except BaseException:
             self.stop()  # a failed start leaves no process behind
             raise
