@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from fleetkit.helm import Helm as Helm
 from fleetkit.helm import HelmError as HelmError
 
 # The one wait helper, re-exported for the rigs that import it from here.
+from mcpfleet.dev.fleet import free_port as fleet_free_port
 from mcpfleet.dev.wait import WaitTimeout as WaitTimeout
 from mcpfleet.dev.wait import wait_for as wait_for
 
@@ -132,11 +132,8 @@ def require_tools(names: Sequence[str] = REQUIRED_TOOLS, bin_dir: Path | None = 
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago (and not handed out lately)."""
+    return fleet_free_port(LOOPBACK)
 
 
 def tail(path: Path, lines: int = 40) -> str:
