@@ -45,6 +45,20 @@ def release(e2e_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> I
         fleet.uninstall()
 
 
+def _rolled(release: ChartFleet, component: str, replicas: int, flag: str | None = None) -> None:
+    """Until ``component`` runs exactly ``replicas`` ready pods, none terminating (each
+    with ``flag`` in its args when given): helm's --wait returns once enough new pods
+    are ready, while old ones may still take sessions and drain them for 30 s."""
+
+    def settled() -> bool:
+        pods = release.pods(component)
+        return len(pods) == replicas and all(
+            ready(p) and (flag is None or flag in (p.spec.containers[0].args or [])) for p in pods
+        )
+
+    wait_for(settled, timeout=300, interval=1, what=f"{replicas} settled {component} pod(s)")
+
+
 def test_install_with_default_values_makes_every_pod_ready(release: ChartFleet) -> None:
     release.install()
     pods = release.core.list_namespaced_pod(NAMESPACE).items
@@ -116,6 +130,9 @@ async def test_helm_upgrade_rolls_the_routers_and_loses_no_round_and_no_session(
     (a held SSE stream may be cut by its router's shutdown; the session must not be).
     The modern users keep their connections alive: a router going away closes each
     after an answer (router.drainLinger), never under a request just sent."""
+    # The sessions held here must not open on a replica of the last roll that is
+    # about to drain (its drain deadline would end them).
+    await asyncio.to_thread(_rolled, release, "server", 3)
     old = {p.metadata.name for p in release.pods("router")}
     stop = asyncio.Event()
     done: list[str] = []
@@ -178,12 +195,33 @@ async def test_helm_upgrade_rolls_the_routers_and_loses_no_round_and_no_session(
         assert pod.metadata.annotations["mcpfleet.dev/rolled"] == "1"
 
 
+async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartFleet) -> None:
+    before = release.ring().kids
+    kids = await scenarios.operator_rotation_under_load(release, release.rotate)
+    assert kids[0] not in before
+    # The operator nudged every replica pod after its last Secret write: the
+    # annotation names the resourceVersion of the Secret as it stands now.
+    secret = release.core.read_namespaced_secret(release.keyring, NAMESPACE)
+    version = secret.metadata.resource_version
+    for pod in release.pods():
+        if pod.metadata.deletion_timestamp is None:
+            assert (pod.metadata.annotations or {}).get(KEYRING_NUDGE_ANNOTATION) == version
+
+
+async def test_deleting_a_replica_pod_drains_it_and_nothing_fails(release: ChartFleet) -> None:
+    victim = release.replica_names()[1]
+    await scenarios.drain_under_load(release, victim, gone=lambda n: not release.pod_exists(n))
+    serving = await asyncio.to_thread(release.wait_serving, 3, 300)
+    assert victim not in serving
+
+
 async def _idle_sessions_through_a_replica_roll(
     release: ChartFleet, count: int, mark: str
 ) -> tuple[Counter[int], int, float]:
     """``count`` idle sessions of a client that never re-initializes, a ``helm
     upgrade`` that rolls the replicas (a pod annotation), one request on each:
     (statuses, answers on the session's own id, seconds until the old pods were gone)."""
+    await asyncio.to_thread(_rolled, release, "server", 3)
     old = {p.metadata.name for p in release.pods("server")}
     async with httpx.AsyncClient(timeout=60) as http:
         sessions = await open_sessions(release.url, http, count)
@@ -214,31 +252,15 @@ async def test_helm_upgrade_under_idle_sessions_of_a_client_that_never_reinitial
     """50 idle handshake sessions through a rolling upgrade of the replicas, with
     router.rehomeSessions off (each gets the spec's 404; each old replica waits out
     its drain timeout for its idle sessions), then on (docs/rehome.md): 0
-    client-visible errors, the idle sessions handed over at once."""
+    client-visible errors, the idle sessions handed over at once. It runs after the
+    other scenarios of the release: it leaves the mode on, under which an idle session
+    of a draining replica moves (the drain scenario counts one owner per session)."""
     count = 50
     off, _, off_took = await _idle_sessions_through_a_replica_roll(release, count, "off")
     # The mode on: the routers keep what re-opens a session; replicas hand over.
     await asyncio.to_thread(release.upgrade, "--set", "router.rehomeSessions=true")
-
-    def rolled(component: str, replicas: int, flag: str) -> bool:
-        # helm's --wait returns once enough new pods are ready, not once the old
-        # are gone: a session opened through an old router keeps no parameters.
-        pods = release.pods(component)
-        return len(pods) == replicas and all(
-            ready(p) and flag in (p.spec.containers[0].args or []) for p in pods
-        )
-
-    for component, replicas, flag in (
-        ("router", 2, "--rehome-sessions"),
-        ("server", 3, "--drain-handover"),
-    ):
-        await asyncio.to_thread(
-            wait_for,
-            lambda: rolled(component, replicas, flag),  # noqa: B023 (called at once)
-            timeout=300,
-            interval=1,
-            what=f"every {component} pod with {flag}",
-        )
+    await asyncio.to_thread(_rolled, release, "router", 2, "--rehome-sessions")
+    await asyncio.to_thread(_rolled, release, "server", 3, "--drain-handover")
     release.wait_serving(3, timeout=300)
     on, on_kept, on_took = await _idle_sessions_through_a_replica_roll(release, count, "on")
     print(
@@ -250,26 +272,6 @@ async def test_helm_upgrade_under_idle_sessions_of_a_client_that_never_reinitial
     )
     assert off == {404: count}
     assert on_kept == count, on
-
-
-async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartFleet) -> None:
-    before = release.ring().kids
-    kids = await scenarios.operator_rotation_under_load(release, release.rotate)
-    assert kids[0] not in before
-    # The operator nudged every replica pod after its last Secret write: the
-    # annotation names the resourceVersion of the Secret as it stands now.
-    secret = release.core.read_namespaced_secret(release.keyring, NAMESPACE)
-    version = secret.metadata.resource_version
-    for pod in release.pods():
-        if pod.metadata.deletion_timestamp is None:
-            assert (pod.metadata.annotations or {}).get(KEYRING_NUDGE_ANNOTATION) == version
-
-
-async def test_deleting_a_replica_pod_drains_it_and_nothing_fails(release: ChartFleet) -> None:
-    victim = release.replica_names()[1]
-    await scenarios.drain_under_load(release, victim, gone=lambda n: not release.pod_exists(n))
-    serving = await asyncio.to_thread(release.wait_serving, 3, 300)
-    assert victim not in serving
 
 
 def test_helm_uninstall_leaves_only_what_is_documented(release: ChartFleet) -> None:
