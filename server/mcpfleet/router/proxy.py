@@ -189,8 +189,8 @@ class Router:
             negative_ttl=config.unknown_session_ttl,
         )
         self.sessions.rehome = config.rehome_sessions
-        #: Requests (POST) in flight per session on this router: a session with
-        #: one when its owner went is not re-homed.
+        #: Requests (POST) in flight per session on this router, counted when
+        #: re-homing: a session with one when its owner went is not re-homed.
         self._busy: dict[str, int] = {}
         #: Re-homes this router runs now, by session: the new route, or None.
         self._moving: dict[str, asyncio.Future[str | None]] = {}
@@ -407,8 +407,9 @@ class Router:
             headers = swap_session(scope["headers"], session, upstream_session)
             forwarded = {**scope, "headers": headers}
             alias = (upstream_session.encode("latin-1"), session.encode("latin-1"))
-        posted = scope["method"] == "POST"
-        if posted:
+        # Only a re-homing router reads the count (a session busy here is not moved).
+        counted = self.config.rehome_sessions and scope["method"] == "POST"
+        if counted:
             self._busy[session] = self._busy.get(session, 0) + 1
         try:
             outcome = await self._forward(
@@ -423,19 +424,14 @@ class Router:
                 session,
                 alias,
             )
-            if (
-                self.config.rehome_sessions
-                and posted
-                and cancellations(body)
-                and await self._cut(owner, address, outcome)
-            ):
+            if counted and cancellations(body) and await self._cut(owner, address, outcome):
                 # Its owner may have gone while the request ran: whichever router
                 # the client turns to next must not re-home the session (its work
                 # is gone). Marked while the request still counts in flight here,
                 # so this router never re-homes it in between.
                 await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
         finally:
-            if posted:
+            if counted:
                 left = self._busy[session] - 1
                 if left:
                     self._busy[session] = left
