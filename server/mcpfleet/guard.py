@@ -112,7 +112,19 @@ NextQuestion = Callable[[Answers], "Question | None"]
 
 
 def is_modern(ctx: Context) -> bool:
-    """True when this request negotiated the modern (stateless, guard) era."""
+    """True when this request negotiated the modern (stateless, guard) era, or when
+    the tool runs as an MCP task.
+
+    A task's worker has no request, so no protocol version: but tasks exist on
+    the modern era only (the tasks extension is negotiated there alone), and
+    the engine re-runs a task tool that returned an ``InputRequiredResult``
+    with the client's answers on ``ctx.input_responses`` and its state on
+    ``ctx.request_state``, as a modern round does. So a guard flow inside a
+    task asks the modern way (``input_required``, answered with
+    ``tasks/update``); the handshake way (``ctx.elicit``) the engine refuses.
+    """
+    if ctx.is_background_task:
+        return True
     rc = ctx.request_context
     return rc is not None and rc.protocol_version in MODERN_PROTOCOL_VERSIONS
 
@@ -373,6 +385,14 @@ async def ask_then(
     structured content; the tool's declared return type, and so its output
     schema, stay as they are.
     """
+    if once and ctx.is_background_task:
+        # A task runs at least once (a lost worker's task runs again from its
+        # start) and its worker has no request naming the tool a replay's
+        # stored value would be converted by: refused, rather than half kept.
+        raise ToolError(
+            "ask_then(once=True) is not available inside an MCP task: "
+            "call the tool without a task, or make its action idempotent"
+        )
     if once and is_modern(ctx):
         _called_tool(ctx)  # a prompt or resource is refused at its first round
     outcome, claim, end = await _ask(ctx, next_question, once=once)

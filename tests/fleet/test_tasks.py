@@ -376,6 +376,46 @@ def test_a_task_that_asks_is_answered_through_another_replica_and_completes(
     assert len(confirmed) == 1
 
 
+def test_an_ask_then_flow_inside_a_task_is_answered_leg_by_leg_through_other_replicas(
+    fleet: LocalFleet, issuer: TokenIssuer, http: httpx.Client
+) -> None:
+    """mcpfleet's own guard flow in a task: each question parks the task in
+    ``input_required``; each ``tasks/update`` goes to a replica other than the
+    one the question was read on; the next leg runs on any worker."""
+    alice = issuer.token("alice")
+    made = create(http, fleet.url, "plan", {"tag": "trip"}, token=alice)
+    task_id = made.result["taskId"]
+    # The engine names each input request itself (unique over the task's life):
+    # the question is told by its message.
+    replies = {"Which city?": {"value": "Oslo"}, "How many nights?": {"value": 3}}
+    asked_keys: list[str] = []
+    for turn in range(len(replies)):
+
+        def asking() -> tuple[str, dict[str, Any]] | None:
+            for name, url in replica_urls(fleet).items():
+                result = status_of(http, url, task_id, alice)
+                assert result["status"] in ("working", "input_required"), result
+                keys = list(result.get("inputRequests") or {})
+                if result["status"] == "input_required" and keys and keys[0] not in asked_keys:
+                    return name, result
+            return None
+
+        seen_on, asked = wait_for(asking, timeout=15, what=f"question {turn + 1} of the flow")
+        ((key, request),) = asked["inputRequests"].items()
+        asked_keys.append(key)
+        message = request["params"]["message"]
+        _, url = elsewhere(fleet, seen_on, turn)
+        answer = {key: {"action": "accept", "content": replies[message]}}
+        updated = task(http, url, "tasks/update", task_id, token=alice, inputResponses=answer)
+        assert updated.error is None, updated.body
+    assert len(set(asked_keys)) == 2
+    final = wait_final(http, fleet.url, [task_id], alice, timeout=30)[task_id]
+    assert final["status"] == "completed", final
+    assert final["result"]["structuredContent"] == {"result": "trip: Oslo for 3 nights"}, final
+    planned = [ln for ln in effects(fleet.workdir / "effects") if ln.startswith("planned trip ")]
+    assert len(planned) == 1 and planned[0].startswith("planned trip Oslo 3 "), planned
+
+
 def test_a_task_cancelled_through_another_replica_stops_on_its_worker(
     fleet: LocalFleet, issuer: TokenIssuer, http: httpx.Client
 ) -> None:

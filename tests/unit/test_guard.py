@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from fastmcp import Client, Context, FastMCP
+from fastmcp.exceptions import ToolError
 from mcp_types import ElicitResult, InputRequiredResult
 
 import mcpfleet
 from fleetkit.publicapp import app
-from mcpfleet import Outcome, Question, ask_then, first_missing
+from mcpfleet import Outcome, Question, ask_then, first_missing, is_modern
 
 ERAS = ["auto", "legacy"]
 REPLIES = {"version": "2.0", "reviewers": 3, "pending": False, "now": True}
@@ -182,3 +183,19 @@ def test_pydantic_keeps_the_accepted_elicitation_class_while_the_guard_holds_it(
 
     gc.collect()
     assert AcceptedElicitation[Any] is guard._ACCEPTED_ANY
+
+
+async def test_a_flow_inside_an_mcp_task_asks_the_modern_way_and_refuses_once() -> None:
+    """A task's worker has no request (so no protocol version): ``ask_then`` must
+    still return the question, never call ``ctx.elicit``, which the tasks engine
+    refuses; ``once=True`` is refused with a message saying why."""
+    flow = first_missing([Question("ok", "ok?", bool)])
+    ctx = Context(fastmcp=FastMCP("tasked"), task_id="t-1")
+    assert is_modern(ctx)
+    assert not is_modern(Context(fastmcp=FastMCP("foreground")))
+    async with ctx:
+        out = await ask_then(ctx, flow, lambda o: o)
+        assert isinstance(out, InputRequiredResult)
+        assert out.input_requests is not None and list(out.input_requests) == ["ok"]
+        with pytest.raises(ToolError, match="not available inside an MCP task"):
+            await ask_then(ctx, flow, lambda o: o, once=True)

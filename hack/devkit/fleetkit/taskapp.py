@@ -8,9 +8,10 @@ the file named by ``$MCPFLEET_TEST_EFFECTS`` (``O_APPEND``: replicas never
 interleave a line), waits ``seconds``, appends ``done <tag> pid=<pid>`` and
 answers ``tag``: the tests count side effects, not answers. ``confirm`` is a
 guard in a task: the task asks (``input_required``), a ``tasks/update``
-answers it, and the next leg appends ``confirmed <tag>``. (It returns its
-question itself: mcpfleet's ``ask_then`` takes the handshake branch in a
-worker, which has no request and so no protocol version; docs/tasks.md.)
+answers it, and the next leg appends ``confirmed <tag>``: it returns its
+question itself. ``plan`` asks two questions with mcpfleet's ``ask_then``
+inside the task (each answered with a ``tasks/update``, each next leg on any
+worker), then appends ``planned <tag> ...`` once.
 ``broken`` raises: a plain error (the task completes with ``isError``) or, with
 ``protocol``, an MCP error (the engine fails the task).
 
@@ -37,6 +38,8 @@ from mcp_types import (
     ElicitResult,
     InputRequiredResult,
 )
+
+from mcpfleet import Outcome, Question, ask_then, first_missing
 
 EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
 
@@ -122,3 +125,22 @@ async def broken(protocol: bool = False) -> str:
     if protocol:
         raise MCPError(code=INTERNAL_ERROR, message="broken on purpose")
     raise ValueError("broken on purpose")
+
+
+_PLAN = first_missing(
+    [Question("city", "Which city?", str), Question("nights", "How many nights?", int)]
+)
+
+
+@app.tool(task=True)
+async def plan(tag: str, ctx: Context) -> str | InputRequiredResult:
+    """Two questions with ``ask_then`` inside the task, then one counted effect."""
+
+    def finish(outcome: Outcome) -> str:
+        if not outcome.done:
+            return f"{tag}: {outcome.status} at {outcome.key}"
+        city, nights = outcome.answers["city"], outcome.answers["nights"]
+        _effect(f"planned {tag} {city} {nights} pid={os.getpid()}")
+        return f"{tag}: {city} for {nights} nights"
+
+    return await ask_then(ctx, _PLAN, finish)
