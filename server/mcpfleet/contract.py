@@ -254,7 +254,8 @@ class RedisKeys:
 #: (XADD, XREAD, XREADGROUP, XAUTOCLAIM, XCLAIM, XACK, XDEL, XLEN, XGROUP, XPENDING),
 #: scheduling and worker registry (sorted sets, sets, hashes), results and
 #: the engine's task records (strings with TTLs), its Lua scripts (SCRIPT
-#: LOAD and EXISTS, never FLUSH; EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE).
+#: LOAD and EXISTS, never FLUSH; EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE);
+#: WAIT, with which a creation through Sentinel waits for a replica to hold it.
 TASK_QUEUE_COMMANDS: tuple[str, ...] = (
     "xadd", "xread", "xreadgroup", "xautoclaim", "xclaim", "xack", "xdel", "xlen", "xgroup",
     "xpending", "xinfo", "xrange",
@@ -266,7 +267,7 @@ TASK_QUEUE_COMMANDS: tuple[str, ...] = (
     "multi", "exec", "eval", "evalsha", "script|load",
     "script|exists",
     "publish", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
-    "info",
+    "info", "wait",
 )  # fmt: skip
 
 #: The components that connect to Redis, each under its own ACL user.

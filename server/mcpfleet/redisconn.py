@@ -455,19 +455,23 @@ def queue_target(s: RedisSettings) -> tuple[str, Any]:
     The URL keeps the host, port, database and TLS files (as redis-py's URL
     query); the password, from the URL or the password file, travels only in
     the provider, so the library can log or hold its URL without a secret in
-    it. Sentinel is refused: such a library connects to one address.
+    it. A Sentinel URL stays one (``redis+sentinel://s1:26379,s2:26379/<master>/<db>``,
+    the form the queue's library resolves through the sentinels as the fleet
+    does): the credentials are the master's, the sentinels are asked without
+    any, over TLS when the scheme is ``rediss+sentinel`` (the TLS files then
+    apply to both, as for the fleet's own clients).
     """
     from urllib.parse import quote, urlencode
 
     from redis.credentials import UsernamePasswordCredentialProvider
 
     p = s.parsed
-    if p.sentinel or len(p.hosts) != 1:
+    if not p.hosts:
         raise RedisConfigError(
-            "MCP tasks need a Redis reached at one address (redis:// or rediss://); "
-            f"Sentinel is not supported for the tasks queue, got {s.redacted!r}"
+            "MCP tasks need a Redis reached over TCP (redis://, rediss:// or "
+            f"redis+sentinel://), got {s.redacted!r}"
         )
-    (host, port), scheme = p.hosts[0], "rediss" if p.tls else "redis"
+    scheme = ("rediss" if p.tls else "redis") + ("+sentinel" if p.sentinel else "")
     query: dict[str, str] = {}
     if p.tls:
         f = s.files
@@ -486,8 +490,9 @@ def queue_target(s: RedisSettings) -> tuple[str, Any]:
         provider = UsernamePasswordCredentialProvider(p.username, p.password)
     # With a provider, the user name travels in it too (not both, says redis-py).
     user = f"{quote(p.username, safe='')}@" if p.username and provider is None else ""
-    host_part = f"[{host}]" if ":" in host else host
-    url = f"{scheme}://{user}{host_part}:{port}/{p.db}"
+    hosts = ",".join(f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h, port in p.hosts)
+    where = f"{hosts}/{p.master}" if p.sentinel else hosts
+    url = f"{scheme}://{user}{where}/{p.db}"
     if query:
         url += "?" + urlencode(query)
     return url, provider

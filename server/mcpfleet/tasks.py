@@ -83,7 +83,11 @@ QUEUE_LOGGERS = ("docket",)
 #: ``tasks/cancel`` on this replica recorded the cancellation;
 #: ``input_required``, a leg ended asking for input (the task goes on after
 #: ``tasks/update``).
-TaskEvent = Literal["created", "completed", "error", "failed", "cancelled", "input_required"]
+#: ``unreplicated`` (Sentinel only): a creation answered before a replica of the
+#: queue's master acknowledged it (:data:`REPLICATION_WAIT`).
+TaskEvent = Literal[
+    "created", "completed", "error", "failed", "cancelled", "input_required", "unreplicated"
+]
 TASK_EVENTS: Final[tuple[TaskEvent, ...]] = get_args(TaskEvent)
 #: The events that end a task.
 FINAL_EVENTS: Final[tuple[TaskEvent, ...]] = ("completed", "error", "failed", "cancelled")
@@ -92,6 +96,16 @@ TaskObserver = Callable[[str, TaskEvent], None]
 #: Distinct tool names counted; past it, ``other`` (an app's task tools are few,
 #: but tools can be added at run time).
 MAX_TOOL_LABELS = 64
+
+
+#: Seconds a task's creation waits, through Sentinel, for a replica of the
+#: queue's master to acknowledge what it wrote before the ``CreateTaskResult``
+#: goes out (Redis replicates asynchronously: a master lost before its replica
+#: had the task would take an answered task with it). Bounded so that a master
+#: left without a replica still serves, each such creation counted.
+REPLICATION_WAIT: Final = 1.0
+#: How often (seconds) at most the replica logs creations left unreplicated.
+_UNREPLICATED_LOG_EVERY = 60.0
 
 
 class TasksUnavailable(RuntimeError):
@@ -118,6 +132,9 @@ class FleetQueue:
     #: Seconds a task request (a creation, ``tasks/get|update|cancel``) may
     #: wait on the queue's Redis, whose client has no read timeout of its own.
     deadline: float = 10.0
+    #: The queue's Redis is reached through Sentinel: a creation waits (at most
+    #: :data:`REPLICATION_WAIT`) until a replica of the master has it.
+    replicated: bool = False
 
 
 def fleet_queue(
@@ -135,7 +152,8 @@ def fleet_queue(
     if not redis_url:
         url, provider = "memory://", None
     else:
-        url, provider = queue_target(settings(redis_url, redis_files))
+        redis = settings(redis_url, redis_files)
+        url, provider = queue_target(redis)
     return FleetQueue(
         name=name,
         url=url,
@@ -144,6 +162,7 @@ def fleet_queue(
         redelivery_timeout=redelivery_timeout,
         concurrency=concurrency,
         deadline=deadline,
+        replicated=bool(redis_url) and redis.parsed.sentinel,
     )
 
 
@@ -376,6 +395,11 @@ class FleetTasks:
         self._tools: set[str] = set()
         #: The asyncio tasks of the executions this replica's worker runs.
         self.running: set[asyncio.Task[Any]] = set()
+        self._unreplicated_logged = -_UNREPLICATED_LOG_EVERY
+        #: Replicas the queue's master had at the last read (:meth:`watch_queue`,
+        #: Sentinel only); None before the first. At 0 a creation does not wait.
+        self.replicas_seen: int | None = None
+        self._unreplicated_reason = ""
 
     def event(self, tool: str, event: TaskEvent) -> None:
         if self._observe is None:
@@ -394,6 +418,52 @@ class FleetTasks:
     @property
     def worker(self) -> Any:
         return getattr(self.app, "_worker", None)
+
+    async def replicate(self, tool: str) -> int:
+        """Wait (bounded) until a replica of the queue's master holds what a creation wrote.
+
+        Redis replicates in one ordered stream: a write of this connection made
+        after the creation's, acknowledged by a replica (``WAIT``), shows the
+        creation is there too. Within :data:`REPLICATION_WAIT` (and a client-side
+        bound on top, for a stalled master); past it the task is answered all the
+        same (the master alone still serves: a replica down must not stop task
+        creation), counted as ``unreplicated`` and logged at most every minute.
+        Returns the replicas that acknowledged (0 when none did or Redis failed).
+        """
+        acked = 0
+        docket = self.docket
+        if self.replicas_seen == 0:
+            self._unreplicated_reason = "the master had no replica at the last read"
+        else:
+            acked = await self._wait_replica(docket)
+        if int(acked or 0) >= 1:
+            return int(acked)
+        self.event(tool, "unreplicated")
+        now = time.monotonic()
+        if now - self._unreplicated_logged >= _UNREPLICATED_LOG_EVERY:
+            self._unreplicated_logged = now
+            log.warning(
+                "tasks: a task was created on the queue's master and answered before any "
+                "replica had it (%s within %.1f s): a failover now would lose it",
+                self._unreplicated_reason,
+                REPLICATION_WAIT,
+            )
+        return 0
+
+    async def _wait_replica(self, docket: Any) -> int:
+        acked = 0
+        try:
+            async with asyncio.timeout(REPLICATION_WAIT + 1.0):
+                async with docket.redis() as redis:
+                    pipe = redis.pipeline(transaction=False)
+                    pipe.set(f"{self.queue.name}:replicated", "1", px=60_000)
+                    pipe.execute_command("WAIT", 1, int(REPLICATION_WAIT * 1000))
+                    _, acked = await pipe.execute()
+        except Exception as exc:  # the creation stands; the log says why it is unconfirmed
+            self._unreplicated_reason = f"the wait failed: {type(exc).__name__}"
+        else:
+            self._unreplicated_reason = "no replica acknowledged it"
+        return int(acked or 0)
 
     # --- the task-seal ledger (--tasks-encrypt): which live tasks each key sealed
 
@@ -484,6 +554,9 @@ class FleetTasks:
             try:
                 async with asyncio.timeout(deadline):
                     depth = await self.queue_depth(client)
+                    if self.queue.replicated:
+                        info = await client.info("replication")
+                        self.replicas_seen = int(info.get("connected_slaves", 0))
             except Exception as exc:  # Redis down, stalled, refused: the next read retries
                 if not failing:
                     log.warning("tasks: the queue's depth was not read: %s", type(exc).__name__)
@@ -616,6 +689,8 @@ def _observe_engine(handle: FleetTasks) -> None:
         result = await create(tool, arguments, ctx)
         if _current is not None:
             _current.event(str(tool.name), "created")
+            if _current.queue.replicated:
+                await _current.replicate(str(tool.name))
         return result
 
     setattr(created, _OBSERVED, True)

@@ -133,10 +133,41 @@ def test_the_queue_url_keeps_tls_and_its_files(tmp_path: Path) -> None:
     assert provider is None
 
 
-def test_a_sentinel_url_is_refused_for_the_queue_saying_why() -> None:
-    s = settings("redis+sentinel://s1:26379,s2:26379/mymaster/0")
-    with pytest.raises(RedisConfigError, match="Sentinel is not supported for the tasks queue"):
-        queue_target(s)
+def test_a_sentinel_url_stays_one_for_the_queue_with_the_masters_credentials_apart(
+    tmp_path: Path,
+) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text(SECRET + "\n")
+    s = settings(
+        "redis+sentinel://replica@s1:26379,[fd00::2]:26380/mymaster/2",
+        RedisFiles(password_file=pw),
+    )
+    url, provider = queue_target(s)
+    assert url == "redis+sentinel://s1:26379,[fd00::2]:26380/mymaster/2"
+    assert provider.get_credentials() == ("replica", SECRET)
+    q = fleet_queue(
+        fleet="f",
+        redis_url="redis+sentinel://s1:26379/mymaster/0",
+        redis_files=RedisFiles(),
+        replica="r0",
+        redelivery_timeout=30,
+        concurrency=1,
+    )
+    assert q.replicated and q.url == "redis+sentinel://s1:26379/mymaster/0"
+    plain = fleet_queue(
+        fleet="f",
+        redis_url="redis://h:6379/0",
+        redis_files=RedisFiles(),
+        replica="r0",
+        redelivery_timeout=30,
+        concurrency=1,
+    )
+    assert not plain.replicated
+
+
+def test_a_unix_socket_is_refused_for_the_queue_saying_why() -> None:
+    with pytest.raises(RedisConfigError, match="MCP tasks need a Redis reached over TCP"):
+        queue_target(settings("unix:///run/redis.sock?db=1"))
 
 
 def test_the_replicas_queue_rules_are_a_selector_on_the_queues_keys_and_channels_only() -> None:
@@ -310,6 +341,7 @@ def test_the_task_metrics_count_each_event_under_its_own_name(tmp_path: Path) ->
     }
     assert samples[("mcpfleet_tasks_created_total", (("tool", "double"),))] == 1
     assert samples[("mcpfleet_tasks_input_requests_total", (("tool", "double"),))] == 1
+    assert samples[("mcpfleet_tasks_unreplicated_total", (("tool", "double"),))] == 1
     for status in ("completed", "error", "failed", "cancelled"):
         key = ("mcpfleet_tasks_finished_total", (("status", status), ("tool", "double")))
         assert samples[key] == 1, status

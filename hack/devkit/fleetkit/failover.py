@@ -110,7 +110,11 @@ def sentinel_redis(
 
 
 @contextlib.contextmanager
-def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]:
+def sentinel_fleet(
+    workdir: Path, sentinels: int = 3, options: FleetOptions | None = None
+) -> Iterator[SentinelFleet]:
+    """The Sentinel set-up with a fleet on it (default: 2 replicas, 2 routers of the
+    example app, fleet :data:`FLEET`)."""
     with sentinel_redis(workdir, sentinels) as (master, replica, group):
         servers = {master.port: master, replica.port: replica}
         lf = redis_fleet(
@@ -118,7 +122,7 @@ def sentinel_fleet(workdir: Path, sentinels: int = 3) -> Iterator[SentinelFleet]
             [master, replica],
             f"redis+sentinel://{group.url_hosts}/{MASTER}/0",
             lambda: servers[group.master_port()].admin(),
-            FleetOptions(fleet=FLEET, replicas=2, routers=2),
+            options or FleetOptions(fleet=FLEET, replicas=2, routers=2),
         )
         with lf:
             yield SentinelFleet(master, replica, group, lf)

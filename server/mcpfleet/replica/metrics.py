@@ -35,6 +35,8 @@ in the same registry and served on the same ``/metrics``):
   task completes with an ``isError`` result; ``failed``: the engine failed
   it; ``cancelled``: a ``tasks/cancel`` here recorded it),
   ``mcpfleet_tasks_input_requests_total{tool}`` (legs that ended asking),
+  ``mcpfleet_tasks_unreplicated_total{tool}`` (Sentinel: creations answered
+  before a replica of the master acknowledged them),
   ``mcpfleet_tasks_running`` (executions this replica's worker runs), and
   ``mcpfleet_tasks_queue_depth`` (tasks waiting for a worker, fleet-wide: the
   same on every replica), read every few seconds in the background with a
@@ -305,6 +307,13 @@ class ReplicaMetrics:
             "When this replica last read the task queue's depth (Unix time; 0: never).",
             registry=r,
         )
+        self.tasks_unreplicated = Counter(
+            "mcpfleet_tasks_unreplicated",
+            "MCP tasks created through Sentinel and answered before a replica of the master "
+            "acknowledged them (a failover then would lose them), by tool.",
+            ["tool"],
+            registry=r,
+        )
         self.snapshot_seals = Counter(
             "mcpfleet_tasks_snapshot_seals",
             "Task snapshots sealed (--tasks-encrypt), by the kid of the key ring key used.",
@@ -330,6 +339,8 @@ class ReplicaMetrics:
             self.tasks_created.labels(tool).inc()
         elif event == "input_required":
             self.tasks_input.labels(tool).inc()
+        elif event == "unreplicated":
+            self.tasks_unreplicated.labels(tool).inc()
         else:
             self.tasks_finished.labels(tool, event).inc()
 
