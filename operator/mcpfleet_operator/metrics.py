@@ -93,11 +93,19 @@ class OperatorMetrics:
         self._lock = threading.Lock()
 
     def set_phase(self, namespace: str, keyring: str, phase: str) -> None:
-        """Make ``phase`` (lowercased) the only phase at 1 for this KeyRing."""
+        """Make ``phase`` (lowercased) the only phase at 1 for this KeyRing.
+
+        It also creates the KeyRing's rotation counters at 0, one per result: a
+        series first exported at its first failure would be, to Prometheus's
+        ``increase()``, no increase at all, and ``McpfleetKeyRotationFailed``
+        would miss the KeyRing's first failed rotation.
+        """
         current = phase.lower()
         with self._lock:
             for p in GAUGE_PHASES:
                 self.rotation_phase.labels(namespace, keyring, p).set(1 if p == current else 0)
+            for result in RESULTS:
+                self.rotations.labels(namespace, keyring, result)
 
     def rotation_ended(self, namespace: str, keyring: str, result: str) -> None:
         """A rotation of the KeyRing ended with ``result`` (one of :data:`RESULTS`): count it,

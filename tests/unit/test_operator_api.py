@@ -343,3 +343,17 @@ def test_a_rotation_that_ends_is_counted_by_result_and_its_keyring_goes_idle() -
     assert value("mcpfleet_operator_rotations_total", {**labels, "result": "failed"}) == 1
     assert value("mcpfleet_operator_rotation_phase", {**labels, "phase": "idle"}) == 1
     assert value("mcpfleet_operator_rotation_phase", {**labels, "phase": "waiting"}) == 0
+
+
+def test_a_keyrings_first_phase_exports_its_rotation_counters_at_zero() -> None:
+    # McpfleetKeyRotationFailed is increase(...{result="failed"}[1h]) > 0: a series
+    # born at 1 by the first failure shows no increase, so the alert would miss it.
+    m = OperatorMetrics()
+    value = m.registry.get_sample_value
+    labels = {"namespace": "ns", "keyring": "ring", "result": "failed"}
+    assert value("mcpfleet_operator_rotations_total", labels) is None
+    m.set_phase("ns", "ring", "Staging")
+    for result in ("complete", "failed", "aborted"):
+        assert value("mcpfleet_operator_rotations_total", {**labels, "result": result}) == 0
+    m.rotation_ended("ns", "ring", "failed")
+    assert value("mcpfleet_operator_rotations_total", labels) == 1
