@@ -145,24 +145,21 @@ def test_a_sentinel_url_stays_one_for_the_queue_with_the_masters_credentials_apa
     url, provider = queue_target(s)
     assert url == "redis+sentinel://s1:26379,[fd00::2]:26380/mymaster/2"
     assert provider.get_credentials() == ("replica", SECRET)
-    q = fleet_queue(
-        fleet="f",
-        redis_url="redis+sentinel://s1:26379/mymaster/0",
-        redis_files=RedisFiles(),
-        replica="r0",
-        redelivery_timeout=30,
-        concurrency=1,
-    )
-    assert q.replicated and q.url == "redis+sentinel://s1:26379/mymaster/0"
-    plain = fleet_queue(
-        fleet="f",
-        redis_url="redis://h:6379/0",
-        redis_files=RedisFiles(),
-        replica="r0",
-        redelivery_timeout=30,
-        concurrency=1,
-    )
-    assert not plain.replicated
+    queues = {
+        url: fleet_queue(
+            fleet="f",
+            redis_url=url,
+            redis_files=RedisFiles(),
+            replica="r0",
+            redelivery_timeout=30,
+            concurrency=1,
+        )
+        for url in ("redis+sentinel://s1:26379/mymaster/0", "redis://h:6379/0")
+    }
+    assert [(q.url, q.replicated) for q in queues.values()] == [
+        ("redis+sentinel://s1:26379/mymaster/0", True),
+        ("redis://h:6379/0", False),
+    ]
 
 
 def test_a_unix_socket_is_refused_for_the_queue_saying_why() -> None:
