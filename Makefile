@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -39,7 +39,7 @@ $(TASKS_VENV)/.installed: pyproject.toml hack/lock/tasks.txt
 
 venv-tasks: $(TASKS_VENV)/.installed ## the venv of the MCP tasks tests (.venv-tasks: the [test] and [tasks] extras)
 
-test-tasks: venv-tasks deps ## the MCP tasks tests (unit and fleet) in .venv-tasks
+test-tasks: venv-tasks deps conformance-tasks-suite ## the MCP tasks tests (unit and fleet) in .venv-tasks
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 
 # hack/lock/*.txt again from pyproject.toml (UPGRADE=1: newest pins the ranges allow).
@@ -81,7 +81,7 @@ typecheck: venv ## mypy --strict over both packages
 E2E_PROVIDER ?= kind
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),kind-image))
 
-test: venv venv-tasks deps bench-deps tools lint typecheck conformance-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
+test: venv venv-tasks deps bench-deps tools lint typecheck conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
 	$(PY) -m pytest tests --ignore=tests/e2e
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
@@ -106,6 +106,14 @@ test-controlplane: venv deps tools ## the control-plane tier: a real kube-apiser
 conformance-suite: ## the pinned MCP conformance suite and Node 22 into .cache/conformance
 	command -v npm >/dev/null || bash hack/ensure-debs.sh npm || test "$$CI" != true
 	bash hack/conformance/install.sh $(CACHE)/conformance || test "$$CI" != true
+
+# The suite's tasks-* scenarios (SEP-2663) are only in its pre-releases: the newest
+# (hack/conformance/tasks/) is pinned beside the suite above, for those scenarios
+# only, into .cache/conformance-tasks; the tasks tier (make test-tasks, marker
+# tasks) runs them against one replica and through the fleet (docs/tasks.md).
+conformance-tasks-suite: ## the pinned pre-release suite with the tasks-* scenarios, and Node 22, into .cache/conformance-tasks
+	command -v npm >/dev/null || bash hack/ensure-debs.sh npm || test "$$CI" != true
+	bash hack/conformance/install.sh $(CACHE)/conformance-tasks hack/conformance/tasks || test "$$CI" != true
 
 # Every server scenario against one replica, the router of a 3-replica fleet, and the
 # router during a key rotation: prints the table, JSON in .cache/conformance/results/.
