@@ -516,6 +516,10 @@ def main() -> None:
         help="only the replica's CPU per round beside plain FastMCP (benchkit.roundcost)",
     )
     args = parser.parse_args()
+    # A run stopped from outside (SIGTERM) unwinds as Ctrl-C does: each fleet,
+    # Redis, nginx and wrk it started is stopped by its context manager (before,
+    # the session fleet's replicas, routers and Redis outlived a stopped run).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     from benchkit.summary import render_summary
 
     started = time.monotonic()
