@@ -39,7 +39,8 @@ $(TASKS_VENV)/.installed: pyproject.toml hack/lock/tasks.txt
 
 venv-tasks: $(TASKS_VENV)/.installed ## the venv of the MCP tasks tests (.venv-tasks: the [test] and [tasks] extras)
 
-test-tasks: venv-tasks deps conformance-tasks-suite ## the MCP tasks tests (unit and fleet) in .venv-tasks
+# The operator's rotation under live tasks runs on the control plane: the tools too.
+test-tasks: venv-tasks deps tools conformance-tasks-suite ## the MCP tasks tests (unit, fleet, the tasks-* conformance scenarios, and the operator under live tasks on the control plane) in .venv-tasks
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 
 # hack/lock/*.txt again from pyproject.toml (UPGRADE=1: newest pins the ranges allow).

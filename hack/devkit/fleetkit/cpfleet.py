@@ -45,6 +45,7 @@ from fleetkit.fleet import FleetOptions, ProcessFleet, diagnostics, require_redi
 from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
 from fleetkit.pods import make_pod_ready
 from fleetkit.rbac import service_account, service_account_with_rules
+from fleetkit.redisrig import RedisFleet, RedisServer, redis_fleet
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_LABEL
 from mcpfleet.dev.fleet import FleetError, Proc, ReplicaProcess
 from mcpfleet.keys.files import read_ring
@@ -445,5 +446,42 @@ def control_plane_fleet(
         namespace=namespace,
         secret_name=secret_name,
     )
+    with running(cf, cp_diagnostics):
+        yield cf
+
+
+@dataclass(kw_only=True)
+class ACLControlPlaneFleet(ControlPlaneFleet, RedisFleet):
+    """A :class:`ControlPlaneFleet` on a Redis the test runs, every component under its own
+    ACL user (:class:`~fleetkit.redisrig.RedisFleet`): the replicas and routers with
+    exactly ``RedisKeys(fleet).acl_rules(component)`` and a password file, the test's own
+    reads through the admin user. ``users["operator"]`` is the operator's read-only user."""
+
+
+@contextlib.contextmanager
+def acl_control_plane_fleet(
+    plane: ControlPlane,
+    namespace: str,
+    workdir: Path,
+    server: RedisServer,
+    options: FleetOptions | None = None,
+    *,
+    secret_name: str = "mcpfleet-keys",
+) -> Iterator[ACLControlPlaneFleet]:
+    """An :class:`ACLControlPlaneFleet` on ``server`` (started, and left running, by the
+    caller), torn down on exit (its Pods deleted, volumes stopped)."""
+    cf = redis_fleet(
+        workdir,
+        [server],
+        f"redis://127.0.0.1:{server.port}/0",
+        server.admin,
+        options or FleetOptions(),
+        kind=ACLControlPlaneFleet,
+        plane=plane,
+        namespace=namespace,
+        secret_name=secret_name,
+        redis_port=server.port,
+    )
+    assert isinstance(cf, ACLControlPlaneFleet)
     with running(cf, cp_diagnostics):
         yield cf

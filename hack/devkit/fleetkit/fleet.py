@@ -180,7 +180,7 @@ def diagnostics(fleet: LocalFleet) -> str:
         from fleetkit.redisrig import RedisFleet  # imports this module: here, not at the top
 
         client = (
-            fleet.admin()  # a Redis with ACL users
+            fleet.redis_admin()  # a Redis with ACL users
             if isinstance(fleet, RedisFleet)
             else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
         )

@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,11 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetkit.controlplane import ControlPlane, free_port, repo_root, tail, wait_for
-from fleetkit.cpfleet import ControlPlaneFleet, control_plane_fleet
+from fleetkit.cpfleet import ControlPlaneFleet, acl_control_plane_fleet, control_plane_fleet
 from fleetkit.fleet import FleetOptions
 from fleetkit.helm import Helm
+from fleetkit.redisrig import RedisFleet, RedisServer
+from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import RedisKeys
 from mcpfleet.registry import read_replicas_sync
 from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, Mode, rotation_manifest
@@ -446,24 +448,43 @@ def operator_env(
     tasks_wait_limit: float = 3600.0,
     fleet: str = "test",
     start: bool = True,
+    app: str = DEFAULT_APP,
+    app_env: Mapping[str, str] | None = None,
+    replica_args: Sequence[str] = (),
+    redis_server: RedisServer | None = None,
 ) -> Iterator[OperatorEnv]:
-    """Render the chart, apply its CRDs and operator RBAC, run the fleet and the operator."""
+    """Render the chart, apply its CRDs and operator RBAC, run the fleet and the operator.
+
+    The replicas serve ``app`` (with ``app_env`` in their environment and
+    ``replica_args`` after ``--state-ttl``). With ``redis_server`` (started and
+    stopped by the caller) every component connects to it under its own ACL user
+    (:class:`~fleetkit.cpfleet.ACLControlPlaneFleet`), the operator under the
+    contract's read-only ``operator`` user; without, the fleet runs its own Redis
+    and the operator gets a read-only user there.
+    """
     docs = render_chart(helm, namespace)
     apply_crds(admin, docs)
     apply_operator_objects(admin, namespace, docs)
     kubeconfig = plane.kubeconfig_for_service_account(namespace, OPERATOR_ACCOUNT)
-    with control_plane_fleet(
-        plane,
-        namespace,
-        workdir / "fleet",
-        FleetOptions(
-            replicas=replicas,
-            routers=routers,
-            replica_args=("--state-ttl", str(state_ttl)),
-            fleet=fleet,
-        ),
-    ) as cf:
-        redis_url, password_file = read_only_redis_account(cf.redis_port, fleet, workdir)
+    options = FleetOptions(
+        replicas=replicas,
+        routers=routers,
+        replica_args=("--state-ttl", str(state_ttl), *replica_args),
+        fleet=fleet,
+        app=app,
+        env=app_env or {},
+    )
+    fleet_cm: contextlib.AbstractContextManager[ControlPlaneFleet] = (
+        control_plane_fleet(plane, namespace, workdir / "fleet", options)
+        if redis_server is None
+        else acl_control_plane_fleet(plane, namespace, workdir / "fleet", redis_server, options)
+    )
+    with fleet_cm as cf:
+        if isinstance(cf, RedisFleet) and redis_server is not None:
+            user, password_file = cf.users["operator"]
+            redis_url = f"redis://{user}@127.0.0.1:{redis_server.port}/0"
+        else:
+            redis_url, password_file = read_only_redis_account(cf.redis_port, fleet, workdir)
         env = OperatorEnv(
             plane=plane,
             fleet=cf,
@@ -533,9 +554,15 @@ def until(deadline: float) -> float:
 
 @dataclass
 class Sample:
+    #: When the sample's reads had all been answered (monotonic): each read was before it.
     at: float
     #: Serving replicas' loaded kids (ordered), by name.
     rings: dict[str, tuple[str, ...]]
+    #: When the sample's reads were sent (monotonic): each read was after it.
+    sent: float = 0.0
+    #: With ``ledgers``: the live members of each attested kid's task-seal ledger
+    #: (counted as the operator counts them), by kid.
+    sealed: dict[str, int] = field(default_factory=dict)
 
 
 class RotationRecorder:
@@ -546,12 +573,23 @@ class RotationRecorder:
     - ``samples``: the serving replicas' attested kids, read from Redis every
       ``interval`` seconds; ``violations`` are the samples where the safety
       invariant (:func:`~mcpfleet_operator.rotation.sealing_is_safe`) fails.
+      With ``ledgers``, each sample also counts the live members of the task-seal
+      ledger of every kid attested so far (``--tasks-encrypt``), as the operator
+      counts them.
     """
 
-    def __init__(self, fleet: ControlPlaneFleet, admin: k8s.ApiClient, interval: float = 0.01):
+    def __init__(
+        self,
+        fleet: ControlPlaneFleet,
+        admin: k8s.ApiClient,
+        interval: float = 0.01,
+        *,
+        ledgers: bool = False,
+    ):
         self.fleet = fleet
         self.admin = admin
         self.interval = interval
+        self.ledgers = ledgers
         self.samples: list[Sample] = []
         self.violations: list[Sample] = []
         #: (monotonic time the version was seen, its kids)
@@ -599,13 +637,27 @@ class RotationRecorder:
             thread.join(10)
 
     def _sample(self) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.fleet.redis_port, socket_timeout=2)
+        client = (
+            self.fleet.redis_admin()  # a Redis with ACL users
+            if isinstance(self.fleet, RedisFleet)
+            else redis.Redis(host="127.0.0.1", port=self.fleet.redis_port, socket_timeout=2)
+        )
         keys = RedisKeys(self.fleet.fleet)
+        kids: set[str] = set()
         try:
             while not self._stop.is_set():
+                sent = time.monotonic()
                 attestations = read_replicas_sync(client, keys)
                 rings = {n: a.kids for n, a in attestations.items() if a.state == "serving"}
-                sample = Sample(time.monotonic(), rings)
+                sealed = {}
+                if self.ledgers:
+                    # Every kid attested so far: a retired kid's ledger is still counted.
+                    kids.update(kid for ring in rings.values() for kid in ring)
+                    sealed = {
+                        kid: int(client.zcount(keys.task_seals(kid), time.time(), "+inf"))
+                        for kid in sorted(kids)
+                    }
+                sample = Sample(time.monotonic(), rings, sent, sealed)
                 self.samples.append(sample)
                 if not sealing_is_safe(rings.values()):
                     self.violations.append(sample)

@@ -287,15 +287,20 @@ class RedisFleet(ProcessFleet):
         wait_for(self._redis_ping, timeout=timeout, what="the test's Redis", retry_on=NOT_YET)
 
     def _redis_ping(self) -> bool:
-        with contextlib.closing(self.admin()) as client:
+        with contextlib.closing(self.redis_admin()) as client:
             return bool(client.ping())
 
-    def admin(self) -> redis.Redis:
+    def redis_admin(self) -> redis.Redis:
+        """A client of the test's admin user (a name no other backend's fleet uses)."""
         assert self.admin_client is not None
         return self.admin_client()
 
+    def admin(self) -> redis.Redis:
+        """:meth:`redis_admin`."""
+        return self.redis_admin()
+
     def attestations(self) -> dict[str, Attestation]:
-        with contextlib.closing(self.admin()) as client:
+        with contextlib.closing(self.redis_admin()) as client:
             return read_replicas_sync(client, RedisKeys(self.fleet))
 
 
@@ -307,16 +312,23 @@ def redis_fleet(
     options: FleetOptions,
     *,
     client_args: Sequence[str] = (),
+    kind: type[RedisFleet] = RedisFleet,
+    **fields: Any,
 ) -> RedisFleet:
-    """A :class:`RedisFleet` whose users exist on every one of ``servers``."""
+    """A :class:`RedisFleet` whose users exist on every one of ``servers``.
+
+    ``kind``: a subclass of :class:`RedisFleet` to build instead (another
+    backend's fleet on such a Redis), given ``fields`` besides.
+    """
     users = {c: component_user(servers, options.fleet, c, workdir) for c in REDIS_COMPONENTS}
-    lf = RedisFleet(
+    lf = kind(
         workdir,
         **options.fleet_fields(),
         base_url=base_url,
         admin_client=admin_client,
         client_args=tuple(client_args),
         users=users,
+        **fields,
     )
     lf.replica_args = (*lf.component_args("replica"), *options.replica_args)
     lf.router_args = (*lf.component_args("router"), *options.router_args)
