@@ -21,17 +21,28 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 # The locked dependency set, with hashes (hack/lock/update.sh): the image
 # installs exactly what the project tested, then the project without deps.
-COPY hack/lock/runtime.txt ./hack/lock/runtime.txt
+# LOCK names the set: runtime (the default: the mcpfleet image), or
+# runtime-tasks for the image of apps with MCP tasks (`make image-tasks`,
+# tagged <version>-tasks): FastMCP's tasks engine and the FastMCP it was
+# published for (docs/tasks.md says why that is not the default's FastMCP).
+ARG LOCK=runtime
+COPY hack/lock/${LOCK}.txt ./hack/lock/${LOCK}.txt
 COPY server ./server
 COPY operator ./operator
 # pip trusts the system CA bundle where there is one: a build behind a
 # TLS-inspecting proxy mounts the host's bundle here read-only (hack/image/build.sh
 # does); it is a build-time mount and never part of a layer.
+# The lock lists every dependency (uv resolved them), so pip resolves nothing
+# (--no-deps): Debian bookworm's pip 23.0 mis-resolves a dependency's extras
+# under --require-hashes (pydocket's py-key-value-aio[memory,redis] in the
+# tasks set: it fetched an unpinned newer version and stopped). `pip check`
+# then proves the installed set complete and consistent.
 RUN if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
         export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     fi; \
-    /opt/mcpfleet/bin/pip install --no-cache-dir --require-hashes -r hack/lock/runtime.txt ; \
+    /opt/mcpfleet/bin/pip install --no-cache-dir --require-hashes --no-deps -r "hack/lock/${LOCK}.txt" ; \
     /opt/mcpfleet/bin/pip install --no-cache-dir --no-deps . ; \
+    /opt/mcpfleet/bin/pip check ; \
     /opt/mcpfleet/bin/pip uninstall --yes pip ; \
     rm -f /opt/mcpfleet/bin/activate* /opt/mcpfleet/bin/Activate.ps1
 

@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -80,7 +80,9 @@ typecheck: venv ## mypy --strict over both packages
 # machine's node instead. Without root both skip with the reason (with CI=true
 # they fail).
 E2E_PROVIDER ?= kind
-NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),kind-image))
+# On kind the tier also serves an app with MCP tasks from the tasks image
+# (make image-tasks; tests/e2e/test_tasks_node_lost.py).
+NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),image-tasks kind-image))
 
 test: venv venv-tasks deps bench-deps tools lint typecheck conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
 	$(PY) -m pytest tests --ignore=tests/e2e
@@ -153,6 +155,12 @@ rules-check: deps ## the alert rules checked and unit-tested with promtool
 image: ## the image (docker build, else buildah on a Debian base made here)
 	bash hack/image/build.sh
 
+# The image for apps with MCP tasks: the same Dockerfile on
+# hack/lock/runtime-tasks.txt (FastMCP's tasks engine; docs/tasks.md). Last
+# line: localhost/mcpfleet:<tag>-tasks.
+image-tasks: ## the image for apps with MCP tasks (localhost/mcpfleet:<version>-tasks: the [tasks] extra's locked set)
+	bash hack/image/build.sh --tasks
+
 node-deps: ## the Debian packages of the image builder and the local node
 	bash hack/ensure-debs.sh image node
 
@@ -161,7 +169,7 @@ test-node: venv deps tools node-deps image ## the node tier: a real kubelet, con
 
 # The e2e tier alone, on E2E_PROVIDER's cluster (the same variable and default as
 # make test: kind; E2E_PROVIDER=local puts it on this machine's node, root).
-test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image kind-image) ## the e2e tier alone: the chart helm-installed on E2E_PROVIDER's cluster (kind, or local)
+test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image image-tasks kind-image) ## the e2e tier alone: the chart helm-installed on E2E_PROVIDER's cluster (kind, or local)
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.

@@ -8,6 +8,9 @@
 #   hack/lock/tasks.txt     the [test] and [tasks] extras: the venv of the tasks
 #                           tests (make venv-tasks; .venv-tasks), whose FastMCP is
 #                           the newest that has a published tasks engine
+#   hack/lock/runtime-tasks.txt  the [operator] and [tasks] extras: what the
+#                           image for apps with MCP tasks installs (make
+#                           image-tasks; the Dockerfile's LOCK=runtime-tasks)
 #
 # The ranges in pyproject.toml stay as they are, for people who `pip install
 # mcpfleet` into their own app; the locks pin what this project ships and tests.
@@ -23,7 +26,7 @@ uv="${UV:-$root/.venv/bin/uv}"
 digest="$("$root/.venv/bin/python" hack/lock/deps_digest.py)"
 upgrade=()
 [[ "${UPGRADE:-0}" == 1 ]] && upgrade=(--upgrade)
-for spec in "runtime:operator" "dev:test" "tasks:test,tasks"; do
+for spec in "runtime:operator" "dev:test" "tasks:test,tasks" "runtime-tasks:operator,tasks"; do
 	name="${spec%%:*}"
 	extras=()
 	IFS=, read -ra names <<<"${spec#*:}"
@@ -32,11 +35,15 @@ for spec in "runtime:operator" "dev:test" "tasks:test,tasks"; do
 	tmp="$(mktemp)"
 	# The lock being replaced is the starting point (no --upgrade: pins kept);
 	# a new tasks lock starts from dev.txt's pins, so the two differ only where
-	# the tasks engine needs it (FastMCP and what comes with it).
+	# the tasks engine needs it (FastMCP and what comes with it); a new
+	# runtime-tasks lock starts from tasks.txt's, so the tasks image runs the
+	# versions the tasks tests ran (tests/unit/test_lock.py checks it).
 	if [[ -f "$out" ]]; then
 		tail -n +2 "$out" >"$tmp"
 	elif [[ "$name" == tasks ]]; then
 		tail -n +2 hack/lock/dev.txt >"$tmp"
+	elif [[ "$name" == runtime-tasks ]]; then
+		tail -n +2 hack/lock/tasks.txt >"$tmp"
 	fi
 	"$uv" pip compile pyproject.toml "${extras[@]}" --generate-hashes --python-version 3.11 \
 		--universal --no-header --quiet "${upgrade[@]}" -o "$tmp"

@@ -8,7 +8,8 @@ minutes. A provider that cannot run here skips the tier with its reason; with
 ``CI=true`` it fails instead (the CI machines run both).
 
 The modules that take a node away (``TAKES_A_NODE_AWAY = True``) run last, so
-the others always see every node.
+the others always see every node; of them, those that bring it back Ready
+(``BRINGS_THE_NODE_BACK = True``) run before those that leave it gone.
 """
 
 from __future__ import annotations
@@ -26,17 +27,25 @@ from fleetkit.providers import Cluster, cluster, unavailable
 HERE = Path(__file__).resolve().parent
 
 
+def node_order(module: object) -> int:
+    """Where a module's tests go: 0 with every node, 1 taking a node away and bringing
+    it back, 2 taking it away for good."""
+    if not getattr(module, "TAKES_A_NODE_AWAY", False):
+        return 0
+    return 1 if getattr(module, "BRINGS_THE_NODE_BACK", False) else 2
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """This tier's modules that take a node away go after its others."""
     ours = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == HERE]
     if not ours or ours[-1] + 1 - ours[0] != len(ours):
         return  # not collected as one block: leave the order alone
 
-    def last(item: pytest.Item) -> bool:
-        return bool(getattr(getattr(item, "module", None), "TAKES_A_NODE_AWAY", False))
+    def order(item: pytest.Item) -> int:
+        return node_order(getattr(item, "module", None))
 
     lo, hi = ours[0], ours[-1] + 1
-    items[lo:hi] = sorted(items[lo:hi], key=last)  # stable within each group
+    items[lo:hi] = sorted(items[lo:hi], key=order)  # stable within each group
 
 
 def _started(

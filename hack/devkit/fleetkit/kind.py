@@ -140,8 +140,10 @@ class KindSetup:
             "--config", str(self.config), "--kubeconfig", str(self.kubeconfig), "--wait", wait,
         ]  # fmt: skip
 
-    def load(self, archive: Path) -> list[str]:
-        return [self.kind, "load", "image-archive", str(archive), "--name", self.name]
+    def load(self, archive: Path, nodes: Sequence[str] = ()) -> list[str]:
+        """``kind load image-archive``: into every node, or only into ``nodes``."""
+        line = [self.kind, "load", "image-archive", str(archive), "--name", self.name]
+        return [*line, "--nodes", ",".join(nodes)] if nodes else line
 
     def delete(self) -> list[str]:
         return [
@@ -172,6 +174,18 @@ class KindSetup:
         """The node's container stopped as a machine is shut down (SIGRTMIN+3 to its
         systemd, SIGKILL after the engine's 10 s): the node is lost to the cluster."""
         return [self.engine, "stop", node]
+
+    def pause_node(self, node: str) -> list[str]:
+        """Every process of the node frozen (the cgroup freezer), as a machine that hangs
+        or drops off the network: the node and its pods stop answering and renewing
+        anything, keep their state and their address, and go on where they stopped when
+        thawed. (A stopped node cannot come back here: podman gives its container a new
+        address on start, which its kubelet's --node-ip and the CNI's BGP peers do not
+        follow.)"""
+        return [self.engine, "pause", node]
+
+    def unpause_node(self, node: str) -> list[str]:
+        return [self.engine, "unpause", node]
 
 
 def route_commands(subnet: str, via: str) -> tuple[list[str], list[str]]:
@@ -320,6 +334,27 @@ def stop_node(name: str, node: str) -> None:
     if node not in _run(setup, setup.node_names(), 60, merge=False).split():
         raise RuntimeError(f"kind cluster {name} has no node {node}")
     _run(setup, setup.stop_node(node), 120)
+
+
+def pause_node(name: str, node: str) -> None:
+    """Freeze one node of cluster ``name`` (:meth:`KindSetup.pause_node`)."""
+    setup = _setup(name)
+    if node not in _run(setup, setup.node_names(), 60, merge=False).split():
+        raise RuntimeError(f"kind cluster {name} has no node {node}")
+    _run(setup, setup.pause_node(node), 120)
+
+
+def unpause_node(name: str, node: str) -> None:
+    """Thaw a node :func:`pause_node` froze (``down`` deletes a frozen one too)."""
+    setup = _setup(name)
+    _run(setup, setup.unpause_node(node), 120)
+
+
+def load_archive(name: str, archive: Path, nodes: Sequence[str] = ()) -> None:
+    """A docker-archive (``make image`` writes them) into the nodes of cluster ``name``
+    (every node, or only ``nodes``)."""
+    setup = _setup(name)
+    _run(setup, setup.load(archive, nodes), 900)
 
 
 def load_image(name: str, image: str) -> None:

@@ -128,6 +128,16 @@ class Images:
         return f"localhost/mcpfleet-redis:{self.tag}"
 
     @property
+    def tasks(self) -> str:
+        """The image for apps with MCP tasks (``make image-tasks``): the [tasks] extra's set."""
+        return f"localhost/mcpfleet:{self.tag}-tasks"
+
+    @property
+    def tasks_archive(self) -> Path:
+        """``make image-tasks``'s archive: only the e2e tier's tasks case loads it."""
+        return repo_root() / ".cache" / "image" / f"mcpfleet-{self.tag}-tasks.tar"
+
+    @property
     def archives(self) -> tuple[Path, ...]:
         out = repo_root() / ".cache" / "image"
         return (

@@ -65,6 +65,9 @@ class Cluster:
     router_ips: tuple[str, ...] = LOCAL_ROUTER_IPS
     #: Takes a node away as a lost machine would (None: this provider cannot).
     stop_node: Callable[[str], None] | None = None
+    #: Freezes a node (a hung machine) and thaws it again (None: this provider cannot).
+    pause_node: Callable[[str], None] | None = None
+    unpause_node: Callable[[str], None] | None = None
     #: The kind cluster's name (empty for other providers).
     kind_name: str = ""
     _closers: list[Callable[[], None]] = field(default_factory=list)
@@ -178,6 +181,8 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
                 diagnostics=lambda: kind.diagnostics(name),
                 router_ips=KIND_ROUTER_IPS,
                 stop_node=lambda node: kind.stop_node(name, node),
+                pause_node=lambda node: kind.pause_node(name, node),
+                unpause_node=lambda node: kind.unpause_node(name, node),
                 kind_name=name,
             )
         finally:
