@@ -32,6 +32,18 @@ def test_create_names_the_node_image_the_config_and_a_private_kubeconfig(tmp_pat
     assert setup.load(tmp_path / "a.tar") == [
         "kind", "load", "image-archive", str(tmp_path / "a.tar"), "--name", "e2e",
     ]  # fmt: skip
+    assert setup.load(tmp_path / "a.tar", ["e2e-worker", "e2e-worker2"])[-2:] == [
+        "--nodes", "e2e-worker,e2e-worker2",
+    ]  # fmt: skip
+
+
+def test_a_node_is_stopped_or_frozen_and_thawed_by_its_engine(tmp_path: Path) -> None:
+    setup = KindSetup(name="e2e", engine="podman", image="i", kubeconfig=tmp_path / "k")
+    assert setup.stop_node("e2e-worker") == ["podman", "stop", "e2e-worker"]
+    assert setup.pause_node("e2e-worker") == ["podman", "pause", "e2e-worker"]
+    assert setup.unpause_node("e2e-worker") == ["podman", "unpause", "e2e-worker"]
+    docker = KindSetup(name="e2e", engine="docker", image="i", kubeconfig=tmp_path / "k")
+    assert docker.pause_node("n")[0] == "docker"
 
 
 def test_the_engine_env_picks_the_provider_and_our_own_network(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The locks (hack/lock/*.txt) are the exact set pyproject.toml's ranges resolve to.
 
-The image installs hack/lock/runtime.txt, `make` and .ci/run install
-hack/lock/dev.txt, both with ``--require-hashes``. These checks fail when
+The image installs hack/lock/runtime.txt (the tasks image
+hack/lock/runtime-tasks.txt), `make` and .ci/run install hack/lock/dev.txt
+(.venv-tasks hack/lock/tasks.txt), all with ``--require-hashes``. These checks fail when
 pyproject.toml's dependencies change without `make lock`, when a direct
 dependency's pin leaves its range, or when a pin lacks a hash.
 """
@@ -54,7 +55,7 @@ def direct(extra: str) -> list[Requirement]:
     return reqs
 
 
-@pytest.mark.parametrize("lock", ["runtime.txt", "dev.txt", "tasks.txt"])
+@pytest.mark.parametrize("lock", ["runtime.txt", "dev.txt", "tasks.txt", "runtime-tasks.txt"])
 def test_each_lock_was_made_from_pyprojects_dependencies_as_they_are(lock: str) -> None:
     first = (LOCKS / lock).read_text().splitlines()[0]
     assert first.startswith("# pyproject-deps-sha256: "), first
@@ -64,7 +65,13 @@ def test_each_lock_was_made_from_pyprojects_dependencies_as_they_are(lock: str) 
 
 
 @pytest.mark.parametrize(
-    ("lock", "extra"), [("runtime.txt", "operator"), ("dev.txt", "test"), ("tasks.txt", "tasks")]
+    ("lock", "extra"),
+    [
+        ("runtime.txt", "operator"),
+        ("dev.txt", "test"),
+        ("tasks.txt", "tasks"),
+        ("runtime-tasks.txt", "tasks"),
+    ],
 )
 def test_every_direct_dependency_is_pinned_inside_its_range_with_hashes(
     lock: str, extra: str
@@ -84,3 +91,13 @@ def test_the_image_runs_what_the_tests_ran() -> None:
     runtime, dev = pins(LOCKS / "runtime.txt"), pins(LOCKS / "dev.txt")
     differ = {n: (v, dev.get(n, ("absent", 0))[0]) for n, (v, _) in runtime.items()}
     assert not {n: d for n, d in differ.items() if d[0] != d[1]}
+
+
+def test_the_tasks_image_runs_what_the_tasks_tests_ran() -> None:
+    """Every pin of the tasks image's set is the tasks venv's, and it carries the engine."""
+    image, tests = pins(LOCKS / "runtime-tasks.txt"), pins(LOCKS / "tasks.txt")
+    differ = {n: (v, tests.get(n, ("absent", 0))[0]) for n, (v, _) in image.items()}
+    assert not {n: d for n, d in differ.items() if d[0] != d[1]}
+    assert {"fastmcp-tasks", "pydocket", "kopf"} <= set(image)
+    assert image["fastmcp"][0] == image["fastmcp-tasks"][0], "the engine's own FastMCP"
+    assert not {"pytest", "mypy", "ruff"} & set(image), "no test tools in an image"
