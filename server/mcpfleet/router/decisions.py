@@ -12,8 +12,8 @@ import json
 import random
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
