@@ -240,7 +240,9 @@ def router_cost_rows(
     ids = Path(tempfile.mkstemp(prefix="mcpfleet-routercost-", suffix=".txt")[1])
     try:
         ids.write_text("".join(f"{s}\n" for s in open_sessions(lf.url, owner, 8)))
-        fig = measure(paths, [*replicas], ids, slices=2 if quick else 4, seconds=1 if quick else 2)
+        fig = measure(
+            paths, [*replicas], ids, slices=slices or (2 if quick else 4), seconds=1 if quick else 2
+        )
     finally:
         ids.unlink(missing_ok=True)
     if keep is not None:
@@ -255,7 +257,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", help="an earlier commit whose router runs beside this one")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--slices", type=int, help="alternating slices (default 6; 2 with --quick)")
+    parser.add_argument("--slices", type=int, help="alternating slices (default 4; 2 with --quick)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-routercost-"))
     lf = LocalFleet(work / "fleet", replicas=3, fleet="routercost")

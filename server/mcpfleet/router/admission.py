@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from starlette.types import Receive, Scope
 
 from mcpfleet.config import RouterConfig
-from mcpfleet.contract import MCP_PATH
+from mcpfleet.contract import MCP_PATH, SESSION_HEADER
 from mcpfleet.httpio import ErrorCode
-from mcpfleet.router.decisions import OriginPolicy, forwardable_path, refused_origin, session_ids
+from mcpfleet.router.decisions import OriginPolicy, forwardable_path, refused_origin
+from mcpfleet.router.http import body_arrived
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Admitted:
     body: bytes
 
 
+_SESSION = SESSION_HEADER.lower()
+
+
 class ClientGone(Exception):
     """The client went away while sending its request."""
 
@@ -51,7 +55,19 @@ async def admit(
 ) -> Admitted | Rejection:
     """Read and judge one request. Raises :class:`ClientGone` if the client left."""
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-    if sum(len(k) + len(v) for k, v in raw_headers) > config.max_header_bytes:
+    # One pass over the headers: their size, the ones that may not repeat, and
+    # the lookup table (the last value of a repeated name).
+    size = hosts = session_ids = 0
+    headers: dict[str, str] = {}
+    for k, v in raw_headers:
+        size += len(k) + len(v)
+        name = k.decode("latin-1").lower()
+        if name == "host":
+            hosts += 1
+        elif name == _SESSION:
+            session_ids += 1
+        headers[name] = v.decode("latin-1")
+    if size > config.max_header_bytes:
         return Rejection(431, ErrorCode.INVALID_REQUEST, "Request headers too large")
     raw_path: bytes = scope.get("raw_path") or scope["path"].encode("latin-1")
     if raw_path == b"*":
@@ -59,11 +75,10 @@ async def admit(
         return Rejection(400, ErrorCode.INVALID_REQUEST, "Bad Request: '*' names no resource")
     if not forwardable_path(raw_path):
         return Rejection(404, ErrorCode.INVALID_REQUEST, f"Not Found: the router serves {MCP_PATH}")
-    if sum(1 for k, _ in raw_headers if k.lower() == b"host") > 1:
+    if hosts > 1:
         # RFC 9112 section 3.2: a request with more than one Host is refused;
         # the router would check one and a replica could use another.
         return Rejection(400, ErrorCode.INVALID_REQUEST, "Bad Request: more than one Host")
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
     refusal = refused_origin(headers.get("host"), headers.get("origin"), policy)
     if refusal is not None:
         return Rejection(403, ErrorCode.INVALID_REQUEST, f"Forbidden: {refusal}")
@@ -71,13 +86,18 @@ async def admit(
     if declared.isdigit() and int(declared) > config.max_body_bytes:
         return Rejection(413, ErrorCode.INVALID_REQUEST, "Request body too large")
     try:
-        async with asyncio.timeout(config.body_timeout):
+        if body_arrived(receive):
+            # Whole already (every small POST): the read cannot wait, so no deadline
+            # is armed (a timer and a cancel scope per request).
             body = await _read_body(receive, config.max_body_bytes)
+        else:
+            async with asyncio.timeout(config.body_timeout):
+                body = await _read_body(receive, config.max_body_bytes)
     except _TooLarge:
         return Rejection(413, ErrorCode.INVALID_REQUEST, "Request body too large")
     except TimeoutError:
         return Rejection(408, ErrorCode.INVALID_REQUEST, "Request body not received in time")
-    if len(session_ids(raw_headers)) > 1:
+    if session_ids > 1:
         # The router would route by one and the replica read another: refused
         # before any lookup, so no session is ever dropped on another's behalf.
         return Rejection(

@@ -13,6 +13,7 @@ import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -69,9 +70,9 @@ class RouteKind(enum.StrEnum):
     STATELESS = "stateless"  # modern era and other sessionless requests: any replica
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A replica as the router sees it when choosing."""
+class Candidate(NamedTuple):
+    """A replica as the router sees it when choosing (a tuple: made per request,
+    for every serving replica, where a frozen dataclass's ``__init__`` cost more)."""
 
     name: str
     sessions: int
@@ -120,11 +121,25 @@ def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _load(body: bytes) -> object:
-    """``json.loads`` for a body already known not to nest past :data:`MAX_JSON_DEPTH`."""
+    """``json.loads`` for a body already known not to nest past :data:`MAX_JSON_DEPTH`.
+
+    A body that opens with ``{`` or ``[`` and no NUL second byte is the UTF-8 that
+    ``json.loads`` would detect: it is decoded here and parsed by the decoder
+    ``json.loads`` uses, without its encoding detection (a Python function per
+    call); any other body goes through ``json.loads`` itself.
+    """
     if json_depth_exceeds(body):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if body[:1] in _OPENERS and body[1:2] != b"\x00":
+        return _DECODER.decode(body.decode("utf-8", "surrogatepass"))
     return json.loads(body)
+
+
+_OPENERS = (b"{", b"[")
 
 
 def parses_as_json(body: bytes) -> bool:
@@ -204,8 +219,13 @@ def pick_stateless(
         return None
     if len(candidates) == 1:
         return candidates[0]
-    r = rng or random
-    a, b = r.sample(list(candidates), 2)
+    draw = (rng or random).random  # two distinct draws; random.sample costs more
+    n = len(candidates)
+    i = int(draw() * n)
+    j = int(draw() * (n - 1))
+    if j >= i:
+        j += 1
+    a, b = candidates[i], candidates[j]
     return a if a.inflight <= b.inflight else b
 
 

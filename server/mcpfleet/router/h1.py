@@ -44,6 +44,7 @@ MAX_RESPONSE_HEADER_BYTES = 64 * 1024
 STREAM_HIGH_WATER = 256 * 1024
 #: How often idle connections are checked for their age.
 SWEEP_SECONDS = 1.0
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
 
 
 class ConnectFailed(Exception):
@@ -78,10 +79,17 @@ class _Conn(asyncio.Protocol):
         self._reset(None)
 
     def _reset(self, method: bytes | None) -> None:
-        self.parser = httptools.HttpResponseParser(self)
+        if method is None:
+            # A new connection. A pooled one is reused only after a complete
+            # response, so its parser is at a message boundary and goes on.
+            self.parser = httptools.HttpResponseParser(self)
         self.method = method
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
+        #: By lower-case name, the first value of each, decoded as they arrive.
+        self.headers = Headers()
+        #: Whether a Content-Length or Transfer-Encoding frames the body.
+        self.framed = False
         self.head_bytes = 0
         self.headers_done: asyncio.Future[None] | None = None
         self.chunks: list[bytes] = []
@@ -148,12 +156,17 @@ class _Conn(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))
+        key = name.decode("latin-1").lower()
+        if key not in self.headers:
+            self.headers[key] = value.decode("latin-1")
+            if key in _FRAMING:
+                self.framed = True
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             # An interim answer (100 Continue, 103 Early Hints): the real one follows.
-            self.raw_headers = []
+            self.raw_headers, self.headers, self.framed = [], Headers(), False
             return
         self.status = status
         if not self.parser.should_keep_alive():
@@ -162,9 +175,7 @@ class _Conn(asyncio.Protocol):
             # No body follows, whatever Content-Length says; the parser cannot know
             # the request was a HEAD, so this connection is not parsed again.
             self.complete, self.reusable = True, False
-        elif not any(
-            k.lower() in (b"content-length", b"transfer-encoding") for k, _ in self.raw_headers
-        ):
+        elif not self.framed:
             self.until_eof, self.reusable = True, False
         assert self.headers_done is not None
         if not self.headers_done.done():
@@ -245,10 +256,7 @@ class Response:
         self._address = address
         self.status = conn.status
         self.raw_headers = conn.raw_headers
-        self.headers = Headers(
-            (k.decode("latin-1").lower(), v.decode("latin-1"))
-            for k, v in reversed(conn.raw_headers)
-        )
+        self.headers = conn.headers
         length = self.headers.get("content-length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
         self._done = False

@@ -27,7 +27,8 @@ uvicorn accepts any protocol class as ``http=``; this one subclasses its
 ``HttpToolsProtocol`` and overrides only connection and parser callbacks,
 each calling the original first or last (``on_headers_complete`` also puts
 :data:`WATCH_DISCONNECT` in the scope and hands the new response cycle the
-coalescing writer in place of the transport).
+coalescing writer in place of the transport); :func:`body_arrived` reads
+uvicorn's response cycle behind a request's ``receive``.
 ``tests/fleet/test_router_hardening`` proves it against the installed uvicorn.
 """
 
@@ -239,3 +240,10 @@ def bounded_protocol(
             "max_header_bytes": max_header_bytes,
         },
     )
+
+
+def body_arrived(receive: Callable[..., Any]) -> bool:
+    """Whether the request behind ``receive`` (uvicorn's ``RequestResponseCycle.receive``)
+    has its body whole already: reading it then cannot wait. False when unknown (another
+    server, an ASGI test client), or while the body is still coming."""
+    return getattr(getattr(receive, "__self__", None), "more_body", True) is False

@@ -946,22 +946,24 @@ async def _unless_client_leaves(
     watch_disconnect = scope.get("extensions", {}).get(WATCH_DISCONNECT)
     watcher: asyncio.Future[Message] | None = None
 
-    def watch() -> None:
-        nonlocal watcher
-        watcher = loop.create_task(receive())  # type: ignore[arg-type]
-        watcher.add_done_callback(on_message)
-
-    def on_message(done: asyncio.Future[Message]) -> None:
-        if not armed or done.cancelled() or done.exception() is not None:
-            return
-        if done.result()["type"] == "http.disconnect":
-            gone()
-        else:  # not a disconnect (none is expected): keep watching
-            watch()
-
     if watch_disconnect is not None:
         watch_disconnect(gone)
     else:
+        # (Defined only here: the two refer to each other, a reference cycle the
+        # collector would have to find for every request.)
+        def watch() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(receive())  # type: ignore[arg-type]
+            watcher.add_done_callback(on_message)
+
+        def on_message(done: asyncio.Future[Message]) -> None:
+            if not armed or done.cancelled() or done.exception() is not None:
+                return
+            if done.result()["type"] == "http.disconnect":
+                gone()
+            else:  # not a disconnect (none is expected): keep watching
+                watch()
+
         watch()
     try:
         return await opening

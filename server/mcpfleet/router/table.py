@@ -262,9 +262,9 @@ class ReplicaView:
     def serving(self, exclude: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
         return [
             Candidate(
-                name=a.name,
-                sessions=a.sessions + len(self.state.placed.get(a.name, ())),
-                inflight=self.inflight.get(a.name, 0),
+                a.name,
+                a.sessions + len(self.state.placed.get(a.name, ())),
+                self.inflight.get(a.name, 0),
             )
             for a in self.state.replicas.values()
             if a.state == "serving" and a.name not in exclude

@@ -63,10 +63,12 @@ _CLIENT_MAY_NOT_SET = frozenset(
 _INTERNAL = frozenset(
     {SESSION_ENDED_HEADER.lower(), PRINCIPAL_HEADER.lower(), REHOME_HEADER.lower()}
 )
-_SESSION = SESSION_HEADER.lower()
+_SESSION_RAW = SESSION_HEADER.lower().encode()
 #: Replica response headers the router replaces with its own (uvicorn adds them
 #: to every response): forwarding them too would repeat them.
 _REPLACED_BY_ROUTER = frozenset({"date", "server"})
+#: What :func:`response_headers` never relays (names as bytes, lower-case).
+_DROP_RESPONSE = frozenset(n.encode() for n in HOP_BY_HOP | _REPLACED_BY_ROUTER | _INTERNAL)
 #: A response body with a Content-Length up to this many bytes (every JSON answer
 #: of a modern round) is read whole and sent in one message, without the pump's
 #: two tasks per request: the largest share of the router's own per-request CPU
@@ -124,14 +126,21 @@ def forward_header_block(raw: list[tuple[bytes, bytes]], client: str | None) -> 
     and ``Content-Length`` (the upstream client sets both), with ``X-Forwarded-For``
     naming ``client``. The same headers as :func:`forward_headers`, without decoding."""
     drop = _DROP_RAW
+    parts: list[bytes] = []
     for k, v in raw:
-        if k.lower() == b"connection":
-            listed = {t.strip().lower() for t in v.split(b",")}
-            drop = drop | listed
-    lines = [b"%s: %s\r\n" % (k.lower(), v) for k, v in raw if k.lower() not in drop]
+        name = k.lower()
+        if name not in drop:
+            parts += (name, b": ", v, b"\r\n")
+        elif name == b"connection":
+            # The headers Connection lists may come before it: passes without them.
+            for k2, v2 in raw:
+                if k2.lower() == b"connection":
+                    drop = drop | {t.strip().lower() for t in v2.split(b",")}
+            parts = [b"%s: %s\r\n" % (k2.lower(), v2) for k2, v2 in raw if k2.lower() not in drop]
+            break
     if client:
-        lines.append(b"x-forwarded-for: %s\r\n" % client.encode("latin-1"))
-    return b"".join(lines)
+        parts += (b"x-forwarded-for: ", client.encode("latin-1"), b"\r\n")
+    return b"".join(parts)
 
 
 def response_headers(
@@ -146,16 +155,18 @@ def response_headers(
     (the replica's session id, the client's) puts a re-homed session's own id
     back in ``Mcp-Session-Id``.
     """
-    drop = HOP_BY_HOP | _REPLACED_BY_ROUTER | _INTERNAL
-    drop |= {t.strip().lower() for t in (resp.headers.get("connection") or "").split(",")}
+    drop = _DROP_RESPONSE
+    connection = resp.headers.get("connection")
+    if connection:
+        drop = drop | {t.strip().lower().encode("latin-1") for t in connection.split(",")}
     out = []
     for k, v in resp.raw_headers:
-        name = k.decode("latin-1").lower()
+        name = k.lower()
         if name in drop:
             continue
-        if name == "location" and v.decode("latin-1").startswith(replica_base + "/"):
+        if name == b"location" and v.startswith(replica_base.encode("latin-1") + b"/"):
             v = v[len(replica_base) :]
-        elif alias is not None and name == _SESSION and v == alias[0]:
+        elif alias is not None and name == _SESSION_RAW and v == alias[0]:
             v = alias[1]
         out.append((k, v))
     return out
@@ -276,17 +287,16 @@ class Upstream:
         """
         result: int | Failure = Failure.UPSTREAM_BROKE
         try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": upstream.status,
-                    "headers": response_headers(upstream, address, alias),
-                }
-            )
+            start = {
+                "type": "http.response.start",
+                "status": upstream.status,
+                "headers": response_headers(upstream, address, alias),
+            }
             length = upstream.content_length
             if length is not None and length <= WHOLE_BODY_LIMIT:
-                ended = await _relay_whole(upstream, send)
+                ended = await _relay_whole(upstream, start, send)
             else:
+                await send(start)
                 ended = await _pump(upstream, receive, send)
             result = upstream.status if ended is None else ended
             return result
@@ -307,19 +317,25 @@ class Upstream:
             upstream.release()
 
 
-async def _relay_whole(upstream: Response, send: Send) -> Failure | None:
-    """Relay a body of known, bounded length in one message.
+async def _relay_whole(upstream: Response, start: Message, send: Send) -> Failure | None:
+    """Relay a body of known, bounded length, read whole before the response starts.
 
-    The replica finished its work before it could state the length, so there is
-    nothing to tear down if the client leaves meanwhile (uvicorn then drops the
-    send). A body that breaks off leaves the client's response unfinished, as
-    the pump does: the server aborts the connection.
+    The head (``start``) and the body then leave in one write, whether the
+    replica's head and body arrived together or not (a replica writes them
+    apart: sending the head at once cost a system call and an event-loop turn
+    for a part the client cannot use without the body). The replica finished
+    its work before it could state the length, so there is nothing to tear
+    down if the client leaves meanwhile (uvicorn then drops the sends). A body
+    that breaks off leaves the client's response unfinished, as the pump does:
+    the head is sent, then the server aborts the connection.
     """
     try:
         body = await upstream.read()
     except Broken as exc:
         log.info("upstream body broke off: %s", exc)
+        await send(start)
         return Failure.UPSTREAM_BROKE
+    await send(start)
     await send({"type": "http.response.body", "body": body, "more_body": False})
     return None
 
