@@ -128,3 +128,15 @@ def test_the_teardown_finds_what_podmans_cni_left_for_our_network(tmp_path: Path
     assert kind.cni_leftovers(kind.NETWORK, state) == [ipam, ours]
     assert kind.cni_leftovers("absent", tmp_path / "nothing") == []
     assert os.path.isdir(other)
+
+
+def test_the_kind_networks_bridge_is_read_for_its_dns_rule() -> None:
+    # podman 4 on CNI: the bridge is in the plugin list; netavark names it directly.
+    cni = '[{"name": "mcpfleet-kind", "plugins": [{"type": "bridge", "bridge": "cni-podman1"}]}]'
+    assert kind.bridge_of(cni) == "cni-podman1"
+    assert kind.bridge_of('[{"name": "n", "network_interface": "podman2"}]') == "podman2"
+    assert kind.bridge_of("not json") is None
+    assert kind.bridge_of("[]") is None
+    assert kind.dns_rule("cni-podman1") == [
+        "INPUT", "-i", "cni-podman1", "-p", "udp", "-m", "udp", "--dport", "53", "-j", "ACCEPT"
+    ]  # fmt: skip

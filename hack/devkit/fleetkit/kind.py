@@ -402,6 +402,48 @@ def _remove_cni_leftovers(network: str) -> list[str]:
     return failed
 
 
+#: The rule podman's dnsname plugin adds for a network's bridge (DNS to its
+#: dnsmasq) and leaves behind when the network is removed.
+def dns_rule(bridge: str) -> list[str]:
+    return ["INPUT", "-i", bridge, "-p", "udp", "-m", "udp", "--dport", "53", "-j", "ACCEPT"]
+
+
+def bridge_of(inspect_json: str) -> str | None:
+    """The bridge interface of a network, from ``podman network inspect``'s JSON (its
+    CNI plugins' ``bridge``, or netavark's ``network_interface``); None if absent."""
+    import json
+
+    try:
+        nets = json.loads(inspect_json)
+    except ValueError:
+        return None
+    for net in nets if isinstance(nets, list) else [nets]:
+        if not isinstance(net, dict):
+            continue
+        if isinstance(net.get("network_interface"), str):
+            return str(net["network_interface"])
+        for plugin in net.get("plugins") or []:
+            if isinstance(plugin, dict) and isinstance(plugin.get("bridge"), str):
+                return str(plugin["bridge"])
+    return None
+
+
+def _remove_dns_rule(bridge: str) -> list[str]:
+    """Delete the dnsname plugin's INPUT rule for our network's bridge (each copy)."""
+    if shutil.which("iptables") is None:
+        return []
+    for _ in range(8):
+        check = subprocess.run(
+            ["iptables", "-C", *dns_rule(bridge)], capture_output=True, timeout=30, check=False
+        )
+        if check.returncode != 0:
+            return []
+        subprocess.run(
+            ["iptables", "-D", *dns_rule(bridge)], capture_output=True, timeout=30, check=False
+        )
+    return [f"iptables: the DNS rule for {bridge} could not be removed"]
+
+
 def _engine_rm(setup: KindSetup, *argv: str) -> None:
     subprocess.run(
         [setup.engine, *argv],
@@ -424,7 +466,18 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
     others = [c for c in listed if c != name]
     ours_left = [c for c in others if (state.parent / c / "host.json").exists()]
     if not ours_left:
+        inspect = subprocess.run(
+            [setup.engine, "network", "inspect", NETWORK],
+            env={**os.environ, **setup.env()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        bridge = bridge_of(inspect.stdout) if inspect.returncode == 0 else None
         _engine_rm(setup, "network", "rm", "-f", NETWORK)
+        if bridge is not None:
+            failed += _remove_dns_rule(bridge)
         # The network is ours by name, and so is the IPAM state podman's CNI
         # keeps for it (a new machine has no /var/lib/cni before the first run).
         failed += _remove_cni_leftovers(NETWORK)
