@@ -18,10 +18,12 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 SCRIPT = Path(__file__).with_name("mcp_round.lua")
@@ -227,15 +229,18 @@ def run_wrk(
     procs = []
     watch_all = CpuWatch(dict(watch or {}))
     watch_all.start()
+    # wrk's output goes to files, read once it exited: its report (a histogram
+    # of every distinct latency) outgrows a pipe's 64 KiB on a quiet machine, and
+    # a wrk blocked writing to a pipe nobody reads never exits.
+    outputs: list[tuple[IO[str], IO[str]]] = []
     for target, conns in targets:
         assert urlsplit(target).scheme == "http", target
         argv = [wrk, "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
         argv += ["-s", str(SCRIPT), target]
-        procs.append(
-            subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
-            )
-        )
+        out_file = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed after wrk exits
+        err_file = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        outputs.append((out_file, err_file))
+        procs.append(subprocess.Popen(argv, stdout=out_file, stderr=err_file, env=env, text=True))
     first = [cpu_seconds(p.pid) or 0.0 for p in procs]
     last = list(first)
     stopped: tuple[dict[str, float], float, float] | None = None
@@ -246,8 +251,12 @@ def run_wrk(
             stopped = watch_all.stop()
         time.sleep(0.05)
     parts = []
-    for p in procs:
-        out, err = p.communicate()
+    for p, (out_file, err_file) in zip(procs, outputs, strict=True):
+        p.wait()
+        with out_file, err_file:
+            out_file.seek(0)
+            err_file.seek(0)
+            out, err = out_file.read(), err_file.read()
         if p.returncode != 0:
             raise RuntimeError(f"wrk failed ({p.returncode}): {err.strip() or out[-2000:]}")
         parts.append(parse_result(out))
