@@ -157,8 +157,25 @@ async def start_elicitation(http: aiohttp.ClientSession, url: str, held: Held) -
     raise AssertionError("the tool call ended without asking")
 
 
+#: Seconds one held session may take to be answered, finish and be deleted: the
+#: bench's client has no read timeout (its streams are held idle for minutes),
+#: so this bounds the end of the run (two runs once waited on one call forever).
+FINISH_DEADLINE = 60.0
+
+
 async def finish_elicitation(http: aiohttp.ClientSession, url: str, held: Held) -> bool:
     """Answer the pending elicitation; True once the tool call returned its result."""
+    stage = ["answer"]
+    try:
+        async with asyncio.timeout(FINISH_DEADLINE):
+            return await _finish(http, url, held, stage)
+    except TimeoutError:
+        raise RuntimeError(
+            f"session {held.session}: no end within {FINISH_DEADLINE:g} s at its {stage[0]}"
+        ) from None
+
+
+async def _finish(http: aiohttp.ClientSession, url: str, held: Held, stage: list[str]) -> bool:
     assert held.stream is not None
     answer = {
         "jsonrpc": "2.0",
@@ -170,6 +187,7 @@ async def finish_elicitation(http: aiohttp.ClientSession, url: str, held: Held) 
     ) as resp:
         await resp.read()
     done = False
+    stage[0] = "stream"
     try:
         async for line in held.stream.content:
             if line.startswith(b"data:") and b"Purchased" in line:
@@ -177,6 +195,7 @@ async def finish_elicitation(http: aiohttp.ClientSession, url: str, held: Held) 
                 break
     finally:
         held.stream.release()
+    stage[0] = "DELETE"
     async with http.delete(url, headers=_session_headers(held.session)) as resp:
         await resp.read()
     return done
