@@ -39,9 +39,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from fleetkit.conformance_modern import ModernResult, modern_table, run_modern
 from mcpfleet.dev.fleet import FleetError, LocalFleet
@@ -252,32 +253,67 @@ def expected_problems(report: Report, expected: Mapping[str, object]) -> list[st
     return problems
 
 
-def reasons_missing(expected: Mapping[str, object]) -> list[str]:
+#: The columns an expected set records per check (the rotation run must equal the fleet's).
+EXPECTED_COLUMNS = ("direct", "fleet")
+
+
+class Recorded(Protocol):
+    """What an expected set is recorded from: a report of runs by target."""
+
+    suite: str
+    runs: dict[str, Outcomes]
+
+    def checks(self) -> list[Check]: ...
+
+    def to_json(self) -> dict[str, object]: ...
+
+
+def reasons_missing(
+    expected: Mapping[str, object], columns: Sequence[str] = EXPECTED_COLUMNS
+) -> list[str]:
     """Expected entries that allow something other than SUCCESS without saying why."""
     table = expected["checks"]
     assert isinstance(table, dict)
     return [
         name
         for name, want in sorted(table.items())
-        if (want["direct"] != "SUCCESS" or want["fleet"] != "SUCCESS")
-        and not str(want.get("reason", "")).strip()
+        if any(want[t] != "SUCCESS" for t in columns) and not str(want.get("reason", "")).strip()
     ]
 
 
-def expected_from(report: Report, reasons: Mapping[str, str]) -> dict[str, object]:
+def expected_from(
+    report: Recorded, reasons: Mapping[str, str], columns: Sequence[str] = EXPECTED_COLUMNS
+) -> dict[str, object]:
     """An expected set recording ``report`` (``--write-expected``), keeping known reasons."""
-    direct, fleet = report.runs.get("direct", {}), report.runs.get("fleet", {})
     checks: dict[str, dict[str, str]] = {}
     for s, c in report.checks():
-        entry = {"direct": direct.get((s, c)) or "MISSING", "fleet": fleet.get((s, c)) or "MISSING"}
+        entry = {t: report.runs.get(t, {}).get((s, c)) or "MISSING" for t in columns}
         name = f"{s}/{c}"
-        if name in reasons and (entry["direct"] != "SUCCESS" or entry["fleet"] != "SUCCESS"):
+        if name in reasons and any(v != "SUCCESS" for v in entry.values()):
             entry["reason"] = reasons[name]
         checks[name] = entry
     return {"suite": report.suite, "checks": checks}
 
 
-def _mark(status: str | None) -> str:
+def keep_results(report: Recorded, tmp: Path, results: Path, targets: Sequence[str]) -> None:
+    """Copy each target's suite output from ``tmp`` into ``results``, beside ``report.json``."""
+    results.mkdir(parents=True, exist_ok=True)
+    for target in targets:
+        shutil.copytree(tmp / target, results / target, dirs_exist_ok=True)
+    (results / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+
+
+def write_expected(report: Recorded, path: Path, columns: Sequence[str] = EXPECTED_COLUMNS) -> None:
+    """Record ``report`` as the expected set at ``path``, keeping the reasons already there."""
+    old = load_expected(path) if path.exists() else {"checks": {}}
+    old_checks = old["checks"]
+    assert isinstance(old_checks, dict)
+    reasons = {k: v["reason"] for k, v in old_checks.items() if "reason" in v}
+    path.write_text(json.dumps(expected_from(report, reasons, columns), indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+
+
+def mark_of(status: str | None) -> str:
     return {None: "-", "SUCCESS": "pass", "FAILURE": "FAIL", "WARNING": "warn"}.get(
         status, (status or "-").lower()
     )
@@ -287,7 +323,7 @@ def table(report: Report) -> str:
     """The table ``make conformance`` prints: one row per check, one column per target."""
     rows = [("scenario", "check", *(COLUMNS[t] for t in TARGETS))]
     rows += [
-        (s, c, *(_mark(report.runs.get(t, {}).get((s, c))) for t in TARGETS))
+        (s, c, *(mark_of(report.runs.get(t, {}).get((s, c))) for t in TARGETS))
         for s, c in report.checks()
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -424,7 +460,7 @@ def load_expected(path: Path = EXPECTED) -> dict[str, object]:
     return data
 
 
-def _stamp() -> str:
+def stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
@@ -443,23 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     suite = install()
-    results = args.results / _stamp()
+    results = args.results / stamp()
     with tempfile.TemporaryDirectory(prefix="mcpfleet-conformance-") as tmp:
         report = run_all(suite, Path(tmp), replicas=args.replicas)
-        results.mkdir(parents=True, exist_ok=True)
-        for target in TARGETS:
-            shutil.copytree(Path(tmp) / target, results / target, dirs_exist_ok=True)
-    (results / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        keep_results(report, Path(tmp), results, TARGETS)
     print(table(report))
     print(f"results: {results}")
     problems = fleet_regressions(report)
     if args.write_expected:
-        old = load_expected() if EXPECTED.exists() else {"checks": {}}
-        old_checks = old["checks"]
-        assert isinstance(old_checks, dict)
-        reasons = {k: v["reason"] for k, v in old_checks.items() if "reason" in v}
-        EXPECTED.write_text(json.dumps(expected_from(report, reasons), indent=2) + "\n")
-        print(f"wrote {EXPECTED.relative_to(REPO)}")
+        write_expected(report, EXPECTED)
     else:
         problems += expected_problems(report, load_expected())
     for problem in problems:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,8 @@ from pathlib import Path
 
 import httpx
 
-from fleetkit.conformance import REPO, SEVERITY, Outcomes, Suite, find_suite, read_results
+from fleetkit import conformance
+from fleetkit.conformance import REPO, SEVERITY, Outcomes, Suite, find_suite, mark_of, read_results
 from mcpfleet.dev.fleet import FleetError
 
 PINS = REPO / "hack" / "conformance" / "tasks"
@@ -182,36 +182,16 @@ def expected_problems(report: TasksReport, expected: Mapping[str, object]) -> li
 
 def reasons_missing(expected: Mapping[str, object]) -> list[str]:
     """Expected entries that allow something other than SUCCESS without saying why."""
-    table = expected["checks"]
-    assert isinstance(table, dict)
-    return [
-        name
-        for name, want in sorted(table.items())
-        if any(want[t] != "SUCCESS" for t in TARGETS) and not str(want.get("reason", "")).strip()
-    ]
+    return conformance.reasons_missing(expected, TARGETS)
 
 
 def expected_from(report: TasksReport, reasons: Mapping[str, str]) -> dict[str, object]:
     """An expected set recording ``report`` (``--write-expected``), keeping known reasons."""
-    checks: dict[str, dict[str, str]] = {}
-    for s, c in report.checks():
-        entry = {t: report.runs.get(t, {}).get((s, c)) or "MISSING" for t in TARGETS}
-        name = f"{s}/{c}"
-        if name in reasons and any(v != "SUCCESS" for v in entry.values()):
-            entry["reason"] = reasons[name]
-        checks[name] = entry
-    return {"suite": report.suite, "checks": checks}
+    return conformance.expected_from(report, reasons, TARGETS)
 
 
 def load_expected(path: Path = EXPECTED) -> dict[str, object]:
-    data: dict[str, object] = json.loads(path.read_text())
-    return data
-
-
-def _mark(status: str | None) -> str:
-    return {None: "-", "SUCCESS": "pass", "FAILURE": "FAIL", "WARNING": "warn"}.get(
-        status, (status or "-").lower()
-    )
+    return conformance.load_expected(path)
 
 
 def _grid(rows: list[tuple[str, ...]]) -> list[str]:
@@ -238,7 +218,7 @@ def table(report: TasksReport) -> str:
     lines.append("")
     check_rows: list[tuple[str, ...]] = [("scenario", "check", "direct", "fleet")]
     check_rows += [
-        (s, c, _mark(direct.get((s, c))), _mark(fleet.get((s, c)))) for s, c in report.checks()
+        (s, c, mark_of(direct.get((s, c))), mark_of(fleet.get((s, c)))) for s, c in report.checks()
     ]
     lines += _grid(check_rows)
     for target in TARGETS:
@@ -338,22 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     suite = install()
-    results = args.results / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    results = args.results / conformance.stamp()
     with tempfile.TemporaryDirectory(prefix="mcpfleet-tasksconf-") as tmp:
         report = run_both(suite, Path(tmp))
-        for target in TARGETS:
-            shutil.copytree(Path(tmp) / target, results / target, dirs_exist_ok=True)
-    (results / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        conformance.keep_results(report, Path(tmp), results, TARGETS)
     print(table(report))
     print(f"results: {results}")
     problems = differences(report)
     if args.write_expected:
-        old = load_expected() if EXPECTED.exists() else {"checks": {}}
-        old_checks = old["checks"]
-        assert isinstance(old_checks, dict)
-        reasons = {k: v["reason"] for k, v in old_checks.items() if "reason" in v}
-        EXPECTED.write_text(json.dumps(expected_from(report, reasons), indent=2) + "\n")
-        print(f"wrote {EXPECTED.relative_to(REPO)}")
+        conformance.write_expected(report, EXPECTED, TARGETS)
     else:
         problems += expected_problems(report, load_expected())
     for problem in problems:
