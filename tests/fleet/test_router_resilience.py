@@ -387,3 +387,40 @@ def test_session_cap_turns_new_sessions_away_with_retry_after(tmp_path: Path) ->
         assert full.json()["error"]["message"] == "All replicas are at their session cap"
         # Stateless traffic is not capped.
         assert modern_call(lf.url, "confirm_purchase", {"item": "a", "amount_eur": 1}).status == 200
+
+
+def test_replicas_restarted_on_new_ports_serve_before_the_routers_next_registry_read(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Every replica SIGKILLed and started again under its name on a new port: the
+    router's view still holds the dead addresses (its periodic read is a minute
+    away here). The first refused connection makes it read the registry at once,
+    so the next request is served, not answered 503 "No serving replica"."""
+    options = FleetOptions(replicas=2, router_args=("--refresh-interval", "60"))
+    with local_fleet(tmp_path, options) as lf, watched(request, lf):
+        before = {name: member.port for name, member in lf.members.items()}
+        for name in before:
+            lf.kill(name)
+        for name in before:
+            lf.add_replica(name, wait=False)
+        for name in before:
+            lf.wait_replica(name)
+        wait_for(
+            lambda: all(
+                att.address.endswith(f":{lf.members[n].port}")
+                for n, att in lf.attestations().items()
+            ),
+            timeout=30,
+            what="the registry to hold the new ports",
+        )
+        assert all(lf.members[n].port != port for n, port in before.items())
+        stateless = modern_call(lf.url, "confirm_purchase", {"item": "pen", "amount_eur": 2})
+        assert stateless.status == 200, stateless
+        assert stateless.replica in before
+        resp = httpx.post(
+            lf.url, content=initialize_body("after-restart"), headers=HEADERS, timeout=10
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.headers.get("mcp-session-id")
+        metrics = httpx.get(f"{lf.url.rsplit('/', 1)[0]}/metrics", timeout=5).text
+        assert 'mcpfleet_router_resends_total{reason="refused"}' in metrics, metrics

@@ -96,6 +96,22 @@ async def test_a_refused_replica_stays_dropped_until_it_heartbeats_again(view: V
     assert [c.name for c in v.serving()] == ["b"]
 
 
+async def test_a_refusal_reads_the_registry_at_once_and_finds_a_restart(view: View) -> None:
+    v, registry, _ = view
+    registry["value"] = {"a": _att("a", 5), "b": _att("b", 5)}
+    await v.refresh()
+    # "a" restarted on another address; "b" died and its record is still there.
+    moved = Attestation(name="a", address="http://a-new", state="serving", kids=("k",), heartbeat=6)
+    registry["value"] = {"a": moved, "b": _att("b", 5)}
+    assert await v.after_refusal("a", "http://a") is True
+    assert v.replicas["a"].address == "http://a-new"
+    assert await v.after_refusal("b", "http://b") is False
+    assert [c.name for c in v.serving()] == ["a"], "b's old record is not trusted"
+    registry["value"] = None
+    assert await v.after_refusal("a", "http://a-new") is False, "Redis down: not back"
+    assert v.health.degraded
+
+
 async def test_placements_count_until_an_attestation_includes_them(view: View) -> None:
     v, registry, _ = view
     registry["value"] = {"a": _att("a", 1), "b": _att("b", 1)}

@@ -43,6 +43,13 @@ def add_parsers(sub: Any) -> None:
         help="max sessions per replica (default: no cap)",
     )
     r.add_argument(
+        "--refresh-interval",
+        type=positive,
+        default=rtr.refresh_interval,
+        help="s between reads of the replica registry; a refused connection reads it"
+        f" at once (default {rtr.refresh_interval})",
+    )
+    r.add_argument(
         "--redis-deadline",
         type=positive,
         default=rtr.redis_deadline,

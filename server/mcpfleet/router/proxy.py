@@ -690,7 +690,8 @@ class Router:
                     self.upstream.pool, replica.address, scope["headers"], record
                 )
             except ConnectFailed:
-                self.view.drop_dead(replica.name)
+                if await self.view.after_refusal(replica.name, replica.address):
+                    tried.discard(replica.name)  # restarted elsewhere: it may take it
                 continue
             except (TimeoutError, Broken) as exc:
                 # An initialize has no effect but a session, which idles out unused.
@@ -796,8 +797,10 @@ class Router:
                 scope, receive, send, kind, replica.name, replica.address, body, started
             )
             if isinstance(outcome, Failure) and outcome.nothing_processed:
-                if outcome is Failure.REFUSED:
-                    self.view.drop_dead(replica.name)
+                if outcome is Failure.REFUSED and await self.view.after_refusal(
+                    replica.name, replica.address
+                ):
+                    tried.discard(replica.name)  # restarted elsewhere: it may take it
                 self.metrics.retries.labels(outcome.value).inc()
                 continue
             if outcome is Failure.DROPPED:

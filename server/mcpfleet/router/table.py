@@ -230,11 +230,31 @@ class ReplicaView:
         """
         address = self.owner_address(name)
         if address is None and not self.knows(name):
-            if self._refreshing is None or self._refreshing.done():
-                self._refreshing = asyncio.ensure_future(self.refresh())
-            await asyncio.shield(self._refreshing)
+            await self.refresh_shared()
             address = self.owner_address(name)
         return address
+
+    async def refresh_shared(self) -> None:
+        """One registry read now, shared by every caller while it runs (bounded
+        by :attr:`deadline`, like every refresh)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self.refresh())
+        await asyncio.shield(self._refreshing)
+
+    async def after_refusal(self, name: str, address: str) -> bool:
+        """``name`` refused a connection at ``address``: drop it, read the registry
+        once (shared), and say whether it is back at another address.
+
+        A replica restarted under the same name (a process on a new port) has
+        written its new record before this router's next periodic refresh; the
+        refused connection proves the view stale, so the router reads the
+        registry at once rather than answering 503 from a stale view. Only a
+        refused connection gets here, never a request a replica may have read.
+        """
+        self.drop_dead(name)
+        await self.refresh_shared()
+        back = self.state.replicas.get(name)
+        return back is not None and back.address != address
 
     def owner_address(self, name: str) -> str | None:
         """Where a session's owner was last seen, unless it is known dead or long gone.
