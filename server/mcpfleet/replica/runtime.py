@@ -55,6 +55,7 @@ from mcpfleet.redisconn import check_version, redact_url
 from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
+from mcpfleet.replica.hostguard import KeptHostGuard
 from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
@@ -125,6 +126,12 @@ class Replica:
         if config.response_mode == "auto":
             self.json_app = self._http_app(json_response=True)
             inner = ResponseModes(inner, self.json_app, MCP_PATH)
+        # DNS-rebinding protection: FastMCP's guard ("auto" mode), its verdicts kept (hostguard).
+        inner = KeptHostGuard(
+            inner,
+            allowed_hosts=list(config.allowed_hosts) or None,
+            allowed_origins=list(config.allowed_origins) or None,
+        )
         self.asgi: ASGIApp = ReplicaGate(
             inner, self.state, extra_routes={"/metrics": self.serve_metrics}
         )
@@ -139,9 +146,8 @@ class Replica:
             json_response=json_response,
             # The replica forgets an idle session when the router's route expires.
             session_idle_timeout=config.session_idle,
-            host_origin_protection="auto",
-            allowed_hosts=list(config.allowed_hosts) or None,
-            allowed_origins=list(config.allowed_origins) or None,
+            # The Host/Origin guard is in front of both apps, once (KeptHostGuard).
+            host_origin_protection=False,
         )
 
     def attestation(self) -> Attestation:
