@@ -1,4 +1,4 @@
-"""The replica's Host/Origin guard answers exactly as FastMCP's own, whether its verdict is kept or not."""
+"""The replica's Host/Origin guard answers as FastMCP's own does, its verdict kept or not."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ SETTINGS = [
 ]
 
 
-def _scope(server: tuple[str, int] | None, scheme: str, host: str | None, origin: str | None) -> Scope:
+def _scope(
+    server: tuple[str, int] | None, scheme: str, host: str | None, origin: str | None
+) -> Scope:
     headers = [(b"content-type", b"application/json")]
     if host is not None:
         headers.append((b"host", host.encode("latin-1")))
@@ -85,7 +87,9 @@ def test_every_verdict_equals_fastmcps_guard_kept_or_not(
     hosts: list[str] | None, origins: list[str] | None
 ) -> None:
     async def run() -> tuple[int, int]:
-        theirs = HostOriginGuardMiddleware(_ok, allowed_hosts=hosts, allowed_origins=origins, mode="auto")
+        theirs = HostOriginGuardMiddleware(
+            _ok, allowed_hosts=hosts, allowed_origins=origins, mode="auto"
+        )
         ours = KeptHostGuard(_ok, allowed_hosts=hosts, allowed_origins=origins)
         cases = list(itertools.product(SERVERS, ["http", "https"], HOSTS, ORIGINS))
         refused = 0
@@ -114,7 +118,9 @@ def test_a_refused_request_is_never_kept_and_the_kept_set_is_bounded() -> None:
         assert (status, body) == (403, b"Forbidden Origin")
         assert guard.kept == set()
         for port in range(10):
-            assert (await _answer(guard, _scope(loopback, "http", f"127.0.0.1:{port}", None)))[0] == 200
+            assert (await _answer(guard, _scope(loopback, "http", f"127.0.0.1:{port}", None)))[
+                0
+            ] == 200
         assert len(guard.kept) == 3
         # Past the bound, a refusal is still FastMCP's guard answering.
         status, _ = await _answer(guard, _scope(loopback, "http", "evil.example.com", None))

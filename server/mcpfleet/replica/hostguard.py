@@ -41,7 +41,7 @@ _Key = tuple[object, str, bytes, bytes | None]
 
 
 def _key(scope: Scope) -> _Key:
-    """What the guard's verdict depends on (the first ``Host`` and ``Origin``, as Starlette reads them)."""
+    """What the verdict depends on; the first ``Host`` and ``Origin``, as Starlette reads them."""
     host: bytes | None = None
     origin: bytes | None = None
     for name, value in scope["headers"]:
