@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from benchkit.oncefloor import floor_rows
 from benchkit.roundapp import ARGS, ONCE_TOOL, TOOL
 from fleetkit.fleet import DEVKIT_DIR
 from fleetkit.wire import MODERN, MODERN_META, response_body
@@ -202,8 +203,14 @@ def start_plain(work: Path, json_response: bool) -> tuple[subprocess.Popen[bytes
     return proc, url
 
 
-def measure(flows: int, slice_flows: int, work: Path) -> dict[str, Server]:
-    """Every server started, warmed up and driven; what was measured, by server name."""
+def measure(
+    flows: int, slice_flows: int, work: Path, floor: list[Row] | None = None
+) -> dict[str, Server]:
+    """Every server started, warmed up and driven; what was measured, by server name.
+
+    With ``floor``, the once floor's rows (:mod:`benchkit.oncefloor`, against the
+    replica's Redis, after the rounds) are appended to it.
+    """
     procs: list[subprocess.Popen[bytes]] = []
     lf = LocalFleet(
         work / "fleet",
@@ -237,6 +244,8 @@ def measure(flows: int, slice_flows: int, work: Path) -> dict[str, Server]:
                 shift = i % len(servers)
                 for s in servers[shift:] + servers[:shift]:
                     _batch(http, s, slice_flows)
+        if floor is not None:
+            floor += floor_rows(lf.redis_port, quick=flows < 1000)
         return {s.name: s for s in servers}
     finally:
         for proc in procs:
@@ -323,10 +332,11 @@ def round_cost_rows(quick: bool, keep: dict[str, Server] | None = None) -> list[
     flows, slice_flows = (400, 50) if quick else (2000, 100)
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-bench-rounds-"))
     try:
-        servers = measure(flows, slice_flows, work)
+        floor: list[Row] = []
+        servers = measure(flows, slice_flows, work, floor)
         if keep is not None:
             keep.update(servers)
-        return rows_of(servers, flows)
+        return rows_of(servers, flows) + floor
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
