@@ -48,13 +48,8 @@ class _Bare(asyncio.Protocol):
     """One command in flight at a time; a reply ends with CRLF (a bulk string: two lines)."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[bytes] | None = None
         self.buf = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
