@@ -57,12 +57,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 
 
 def ledger_on(url: str, password_file: Path, **kw: Any) -> RedisLedger:
+    """The ledger as a replica builds it: its commands direct, on the client's connections."""
     s = redisconn.settings(url, redisconn.RedisFiles(password_file=password_file))
-    return RedisLedger(redisconn.async_client(s, timeout=0.5), KEYS, **kw)
+    direct = redisconn.DirectCommands(redisconn.async_client(s, timeout=0.5))
+    return RedisLedger(direct, KEYS, **kw)
 
 
 async def close(client: Any) -> None:
-    """The client and, through Sentinel, its connections to the sentinels."""
+    """The ledger's connections, the client and, through Sentinel, its connections to the
+    sentinels."""
+    await client.aclose()
+    client = client.client
     await client.aclose()
     manager = getattr(client.connection_pool, "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", []):

@@ -10,6 +10,7 @@ says so and names the flag.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from mcpfleet import redisconn
 from mcpfleet.contract import RedisKeys
 from mcpfleet.dev.fleet import Proc, free_port, mcpfleet_argv
 from mcpfleet.dev.wait import wait_for
-from mcpfleet.registry import read_replicas_sync
+from mcpfleet.once import Confirmed, Record, RedisLedger, new_flow_id
+from mcpfleet.registry import connect, read_replicas_sync
 
 from .conftest import shared
 
@@ -150,3 +152,37 @@ def test_a_client_without_a_certificate_is_refused_by_the_server(
         assert proc.alive
     finally:
         proc.stop()
+
+
+async def test_the_once_ledgers_direct_commands_over_tls_under_the_replica_user(
+    fleet: RedisFleet, server: RedisServer, tls: TLSFiles
+) -> None:
+    """The claim, its confirmation, the store and a release go through
+    :class:`~mcpfleet.redisconn.DirectCommands` on connections the client's pool
+    makes: TLS with the client certificate, the replica's ACL user and exactly its
+    rules. Nothing is denied."""
+    user, password_file = fleet.users["replica"]
+    base = fleet.base_url.partition("://")[2]
+    s = redisconn.settings(
+        f"rediss://{user}@{base}",
+        redisconn.RedisFiles(password_file, tls.ca_file, tls.client_cert, tls.client_key),
+    )
+    pooled = connect(s.url, s.files)
+    direct = redisconn.DirectCommands(pooled)
+    ledger = RedisLedger(direct, RedisKeys("tls"), memory_limit=0)
+    acl_log(server, reset=True)
+    try:
+        mine, flow = Record("running", "replica-0", claim="t"), new_flow_id()
+        assert await ledger.claim(flow, mine, 5) is None
+        assert await ledger.confirm(flow, mine, 60, time.monotonic()) is Confirmed.YES
+        done = Record("done", "replica-0", result={"raw": "charged"})
+        await ledger.store(flow, done, 60)
+        assert await ledger.get(flow) == done
+        other = new_flow_id()
+        assert await ledger.claim(other, mine, 5) is None
+        assert await ledger.release(other, mine) is True
+        assert await ledger.alive("replica-0", "") is True
+    finally:
+        await direct.aclose()
+        await pooled.aclose()
+    assert acl_log(server) == []

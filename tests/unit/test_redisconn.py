@@ -354,6 +354,42 @@ async def test_following_the_master_is_a_no_op_without_sentinel() -> None:
         await client.aclose()
 
 
+async def test_a_direct_connection_to_a_master_sentinel_moved_is_closed_before_reuse() -> None:
+    """The once ledger's own connections follow the master as the pool's do: once the
+    pool takes another server for the master (a failover, :func:`follow_master`), an
+    idle connection to the old one is closed before its next command (a demoted
+    master may still take writes for seconds, and they would be lost)."""
+
+    class Idle:
+        def __init__(self, port: int) -> None:
+            self.host, self.port, self.is_connected = "10.0.0.1", port, True
+
+        async def disconnect(self) -> None:
+            self.is_connected = False
+
+    client = redisconn.async_client(
+        settings("redis+sentinel://10.0.0.9:26379/mymaster/0"), timeout=0.1
+    )
+    direct = redisconn.DirectCommands(client)
+    try:
+        pool = client.connection_pool
+        pool.master_address = ("10.0.0.1", 6379)
+        old, same = Idle(6380), Idle(6379)
+        direct._idle += [old, same]
+        assert await direct._take() is same and same.is_connected
+        assert await direct._take() is old and not old.is_connected
+        # A plain client has no master to follow: its connections stay as they are.
+        plain = redisconn.DirectCommands(
+            redisconn.async_client(settings("redis://127.0.0.1:1/0"), timeout=0.1)
+        )
+        other = Idle(6380)
+        plain._idle.append(other)
+        assert await plain._take() is other and other.is_connected
+        await plain.client.aclose()
+    finally:
+        await client.aclose()
+
+
 def test_a_redis_older_than_7_is_refused_with_the_version_it_needs() -> None:
     from mcpfleet.redisconn import version_error
 

@@ -52,7 +52,7 @@ from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
-from mcpfleet.redisconn import check_version, redact_url
+from mcpfleet.redisconn import DirectCommands, check_version, redact_url
 from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
@@ -206,12 +206,16 @@ class Replica:
         self.metrics.watch_rejections()
         tasks = [asyncio.create_task(self.watcher.run(), name="keyring-watch")]
         client = None
+        direct: DirectCommands | None = None
         if self.config.redis_url:
             client = connect(self.config.redis_url, self.config.redis_files)
             await check_version(client, self.config.redis_deadline)
             self.redis = client
+            # The claim and its confirmation are on the final round's answer path:
+            # sent on connections of their own, without redis-py's per-command costs.
+            direct = DirectCommands(client)
             ledger = RedisLedger(
-                client,
+                direct,
                 RedisKeys(self.config.fleet),
                 deadline=self.config.redis_deadline,
                 failover_wait=self.config.redis_failover_wait,
@@ -259,6 +263,8 @@ class Replica:
             # Results of once-flows answered just before shutdown reach the ledger first.
             await settle_once()
             self.redis = None
+            if direct is not None:
+                await direct.aclose()
             if client is not None and self.publisher is not None:
                 await self.publisher.withdraw(self.name)
                 await client.aclose()
