@@ -3,15 +3,19 @@
 A once-flow's final round makes three Redis round trips: the claim, its
 confirmation (both before ``finish`` may run) and the result's store (after
 it, off the answer's path); see docs/performance.md, "Exactly-once". This
-measures one such round trip, in this process, against the fleet's Redis, two
-ways taking turns:
+measures one such round trip, in this process, against the fleet's Redis,
+three ways taking turns:
 
 * **the floor**: a bare asyncio protocol writing one pre-encoded RESP command
   and awaiting its reply: nothing a client library does (no pool, no
   encoding, no deadline, no parsing beyond the line end). No asyncio client
   can spend less CPU or wait less per round trip on this machine;
-* **redis-py**: the same command through redis-py's asyncio client, as the
-  ledger sends it.
+* **redis-py, through the pool**: the same command through the replica's
+  redis-py client (:func:`mcpfleet.registry.connect`: the blocking pool, the
+  socket timeout), as the ledger sent its commands before it had its own;
+* **redis-py, direct**: the same command through
+  :class:`mcpfleet.redisconn.DirectCommands` over that client, as the ledger
+  sends it now (the client's own connections, used directly).
 
 So the table says how much of what ``once=True`` adds is the round trips
 themselves (three times the floor), how much is the client library, and how
@@ -25,7 +29,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-import redis.asyncio as aioredis
+from mcpfleet import redisconn
+from mcpfleet.registry import connect
 
 Row = tuple[str, str, str, str]
 
@@ -71,14 +76,19 @@ async def _measure(port: int, trips: int, turns: int) -> dict[str, list[tuple[fl
         transport.write(packed)
         await bare.waiter
 
-    client = aioredis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    client = connect(f"redis://127.0.0.1:{port}/0")
+    direct = redisconn.DirectCommands(client)
 
-    async def redis_py_trip() -> None:
+    async def pooled_trip() -> None:
         await client.set(KEY, COMMAND[2], nx=True, get=True, px=5000)
+
+    async def direct_trip() -> None:
+        await direct.set(KEY, COMMAND[2], nx=True, get=True, px=5000)
 
     ways: dict[str, Callable[[], Awaitable[None]]] = {
         "bare asyncio protocol": bare_trip,
-        "redis-py": redis_py_trip,
+        "redis-py, through the pool": pooled_trip,
+        "redis-py, direct (the ledger's)": direct_trip,
     }
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     try:
@@ -98,6 +108,7 @@ async def _measure(port: int, trips: int, turns: int) -> dict[str, list[tuple[fl
                 )
         await client.delete(KEY)
     finally:
+        await direct.aclose()
         await client.aclose()
         transport.close()
     return seen
