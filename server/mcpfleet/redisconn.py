@@ -789,8 +789,6 @@ class DirectCommands:
             self._give(conn)
 
     async def _round_trip(self, conn: Any, args: tuple[Any, ...]) -> Any:
-        from redis.exceptions import TimeoutError as RedisTimeout
-
         if not conn.is_connected:
             # As the pool connects one: through Sentinel, the connection's own
             # connect() asks where the master is (a send would not).
@@ -804,6 +802,8 @@ class DirectCommands:
             async with asyncio.timeout(self._read_timeout):
                 return await conn.read_response()
         except TimeoutError:
+            from redis.exceptions import TimeoutError as RedisTimeout
+
             raise RedisTimeout(f"Timeout reading from Redis ({args[0]})") from None
 
     async def _take(self) -> Any:

@@ -111,8 +111,8 @@ async def test_a_stalled_redis_times_out_and_every_later_reply_is_its_own(
     server: RedisServer, client: redisconn.DirectCommands, stopped: None, fault_table: FaultTable
 ) -> None:
     """SIGSTOP mid-command: one command runs into the socket timeout (0.5 s), one into its
-    caller's deadline (0.2 s); both were sent and run when Redis resumes. Then 20
-    commands, two at a time, each read back its own key's value."""
+    caller's deadline (0.2 s); both were sent and run when Redis resumes. Then ten
+    pairs of commands sent at once, each pair's key read back: every reply its own."""
     assert server.proc is not None
     row = fault_table.row("Redis SIGSTOP under the once ledger's direct commands")
     await client.set("d:s0", "v0", px=60_000)
