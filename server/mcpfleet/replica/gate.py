@@ -18,13 +18,20 @@ An ASGI middleware around the FastMCP HTTP app that
   ones are handed over to re-homing routers);
 * on the answer to an ``initialize`` that opened a session, names the
   principal's digest (``X-Mcpfleet-Principal``) and whether the app allows
-  re-homing (``X-Mcpfleet-Rehome: 0`` when it does not), for the router.
+  re-homing (``X-Mcpfleet-Rehome: 0`` when it does not), for the router;
+* keeps the connection once a response is whole: what the app sends after it, or
+  raises, is logged and goes no further. uvicorn closes the connection on either,
+  and the router may already have queued the next request on it (keep-alive): that
+  request, received or not, would be lost with it. mcp's streamable HTTP transport
+  does so when a request's session ends under it after its SSE answer finished
+  (its error path then starts a 500 on the finished response).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,6 +54,8 @@ _ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")
 _NO_REHOME = (REHOME_HEADER.lower().encode(), b"0")
 _PRINCIPAL = PRINCIPAL_HEADER.lower().encode()
 _CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
+
+log = logging.getLogger("mcpfleet.replica")
 
 
 def principal_digest(scope: Scope) -> str | None:
@@ -197,7 +206,18 @@ class ReplicaGate:
                 if client_session is not None:
                     st.aliases[session] = client_session
 
+        whole = False
+
         async def stamped_send(message: Message) -> None:
+            nonlocal whole
+            if whole:
+                log.warning(
+                    "%s %s: the app sent %s after its response was whole; dropped",
+                    method,
+                    path,
+                    message["type"],
+                )
+                return
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append(self._name_header)
@@ -220,9 +240,20 @@ class ReplicaGate:
                     # credential that is not the session's: the session lives on.
                     headers.append(_ENDED)
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                whole = True
 
         try:
             await self.app(scope, receive, stamped_send)
+        except Exception:
+            if not whole:
+                raise
+            log.warning(
+                "%s %s raised after its response was whole; the connection is kept",
+                method,
+                path,
+                exc_info=True,
+            )
         finally:
             if listening:
                 st.streams -= 1
