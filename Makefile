@@ -84,13 +84,21 @@ E2E_PROVIDER ?= kind
 # (make image-tasks; tests/e2e/test_tasks_node_lost.py).
 NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),image-tasks kind-image))
 
-test: venv venv-tasks deps bench-deps tools lint typecheck conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs: lint, typecheck, every tier, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
-	$(PY) -m pytest tests --ignore=tests/e2e
+# Cheapest first, each stage stopping the run at its first failure: lint, mypy
+# and the unit, packaging and rig tiers need nothing built or started, so they
+# run in the first minutes; then the rest is installed and built, and the tiers
+# of processes (fleet, faults, conformance), of the control plane and the node,
+# the tasks tests, and the e2e tier follow. The three pytest selections of .venv
+# are disjoint and together every test (tests/conftest.py marks each by folder).
+CHEAP_TIERS := unit or packaging or rigs
+test: venv lint typecheck test-unit venv-tasks deps bench-deps tools conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs, cheapest first: lint, typecheck, the unit tiers, the process tiers, control plane and node, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
+	$(PY) -m pytest tests --ignore=tests/e2e -m "not ($(CHEAP_TIERS) or controlplane or node)"
+	$(PY) -m pytest tests --ignore=tests/e2e -m "(controlplane or node) and not ($(CHEAP_TIERS))"
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
-test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs")
-	$(PY) -m pytest tests -m "unit or packaging or rigs"
+test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs"): nothing to build or start
+	$(PY) -m pytest tests -m "$(CHEAP_TIERS)"
 
 test-fleet: venv deps bench-deps ## the fleet tier: real redis-server, replica and router processes on 127.0.0.1
 	$(PY) -m pytest tests -m fleet
