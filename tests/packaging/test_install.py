@@ -107,4 +107,5 @@ def test_the_old_import_path_warns_and_gives_the_same_modules() -> None:
     )
     out = _run([sys.executable, "-c", probe], env=_env())
     assert "warned: the import path mcpfleet.server is deprecated" in out
+    assert "removed in mcpfleet 0.2.0" in out
     assert out.strip().endswith("same")

@@ -1,4 +1,4 @@
-"""Deprecated: the import path ``mcpfleet.server``, kept for one release.
+"""Deprecated: the import path ``mcpfleet.server``, removed in mcpfleet 0.2.0.
 
 In 0.1.0 the package was installed as ``mcpfleet.server`` (its folder was
 mapped there). Every module now lives one level up: ``mcpfleet.server.guard``
@@ -7,7 +7,8 @@ Importing ``mcpfleet.server`` (or any ``mcpfleet.server.<module>``, e.g. an app
 given as ``mcpfleet.server.example.app:app``) warns once and hands back the
 module under its new name: the very same module object, never a second copy
 (a second copy would register its Prometheus metrics twice and break ``is``
-checks on its types).
+checks on its types). It goes away in :data:`REMOVED_IN` (the next minor
+release after 0.1.0; CHANGELOG.md says so too).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from types import ModuleType
 from typing import Any
 
 _OLD = "mcpfleet.server."
+#: The release that no longer has this import path.
+REMOVED_IN = "0.2.0"
 
 warnings.warn(
-    "the import path mcpfleet.server is deprecated: import from mcpfleet "
-    "(mcpfleet.server.<module> is mcpfleet.<module>)",
+    f"the import path mcpfleet.server is deprecated and is removed in mcpfleet {REMOVED_IN}: "
+    "import from mcpfleet (mcpfleet.server.<module> is mcpfleet.<module>)",
     DeprecationWarning,
     stacklevel=2,
 )
