@@ -1,4 +1,4 @@
-"""Issue 26's bench table: each target judged on the figures it names, PASS or FAIL."""
+"""The bench's targets' table: each target judged on the figures it names, PASS or FAIL."""
 
 from __future__ import annotations
 

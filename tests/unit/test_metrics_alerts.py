@@ -23,7 +23,7 @@ EXPECTED = {
     "McpfleetRouterErrorRatioHigh",
     "McpfleetSessionCapReached",
     "McpfleetRedisMemoryNearMax",
-    # MCP tasks (issue 28): a growing queue, tasks failing.
+    # MCP tasks: a growing queue, tasks failing.
     "McpfleetTaskQueueGrowing",
     "McpfleetTasksFailing",
     # The operator's tasks wait: a rotation that retired its old key under live tasks.
@@ -31,7 +31,7 @@ EXPECTED = {
 }
 
 
-def test_every_alert_the_issue_asks_for_exists_once() -> None:
+def test_every_expected_alert_exists_once() -> None:
     names = [a.name for a in monitoring.alerts()]
     assert sorted(names) == sorted(EXPECTED)
 

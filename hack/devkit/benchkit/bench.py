@@ -364,7 +364,7 @@ async def measure(quick: bool, results: Figures, scale_only: bool = False) -> li
         results.hot = hot
         rows += hot.rows()
         rows += await asyncio.to_thread(router_cpu_rows, lf, quick)
-        from benchkit.routercost import router_cost_rows  # issue 26's router targets
+        from benchkit.routercost import router_cost_rows  # the router's targets
 
         kept: list[Any] = []
         workers = children(nginx[0].pid) if nginx is not None else []
@@ -508,7 +508,7 @@ def main() -> None:
     parser.add_argument(
         "--scale-only",
         action="store_true",
-        help="only the load-generator, session, Redis and profile rows (issue 12's figures)",
+        help="only the load-generator, session, Redis and profile rows (the scale targets)",
     )
     parser.add_argument(
         "--rounds-only",
@@ -547,7 +547,7 @@ def main() -> None:
 
         rows += once_rows(args.quick)
     if not args.scale_only:
-        from benchkit.taskbench import task_rows  # issue 28: in .venv-tasks, or why not
+        from benchkit.taskbench import task_rows  # MCP tasks: in .venv-tasks, or why not
 
         rows += task_rows(args.quick)
     if not args.scale_only:
@@ -566,7 +566,7 @@ def main() -> None:
     print(render(rows))
     summary = render_summary(results.rounds or None, results.router)
     if summary:
-        print("\nIssue 26, every set-up and target from this run:\n")
+        print("\nEvery set-up and target, from this run:\n")
         print(summary)
     print(f"\n{_took(started)}; {_load()}")
 

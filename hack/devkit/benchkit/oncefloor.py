@@ -2,7 +2,7 @@
 
 A once-flow's final round makes three Redis round trips: the claim, its
 confirmation (both before ``finish`` may run) and the result's store (after
-it, off the answer's path); see docs/performance.md, "Exactly-once". This
+it, off the answer's path); see docs/performance.md, "Known limits, and why". This
 measures one such round trip, in this process, against the fleet's Redis,
 three ways taking turns:
 

@@ -17,7 +17,7 @@ asking rounds, then the answer rounds of the same flows, so each server's CPU
 around batches of one kind of round: CPU per asking round and per answer round
 separately. Latency is each round's wall time at the client (p50/p99).
 
-The targets (issue 26), printed with PASS/FAIL and the ratios they are on:
+The targets, printed with PASS/FAIL and the ratios they are on:
 
 * the replica's CPU per asking round and per answer round <= 1.15x plain
   FastMCP's in the same response mode (the mode the replica answered in);

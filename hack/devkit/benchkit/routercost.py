@@ -1,4 +1,4 @@
-"""Issue 26's router targets: CPU per modern round, and latency overhead beside nginx's.
+"""The router's targets: CPU per modern round, and latency overhead beside nginx's.
 
 One fleet, and in front of the same replicas: the router (and, with ``--ref``,
 an earlier commit's router beside it), nginx round robin, and direct (one wrk
@@ -12,7 +12,7 @@ straight to it and through the router. Per path and connection count:
 * router CPU per round, from ``/proc`` over its own slices, divided by the
   rounds wrk completed through it, and so rounds/s per router core.
 
-The targets (issue 26), PASS / FAIL from this run's figures only:
+The targets, PASS / FAIL from this run's figures only:
 
 * router CPU <= 300 us per modern round (8 connections);
 * router p50 overhead over direct <= nginx's overhead + 0.2 ms, at 1, 8 and 64
@@ -21,7 +21,7 @@ The targets (issue 26), PASS / FAIL from this run's figures only:
 
 ``make bench`` prints these rows; on its own, with an earlier router beside::
 
-    PYTHONPATH=hack/devkit .venv/bin/python -m benchkit.routercost --ref 6db022d
+    PYTHONPATH=hack/devkit .venv/bin/python -m benchkit.routercost --ref <commit>
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from mcpfleet.dev.fleet import LocalFleet
 Row = tuple[str, str, str, str]
 DIRECT, ROUTER, NGINX = "direct", "router", "nginx"
 CONNECTIONS = (1, 8, 64)
-#: The issue's targets.
+#: The targets (docs/performance.md, "Reading the targets' table").
 CPU_TARGET_US = 300.0
 NGINX_SLACK_MS = 0.2
 STICKY_FACTOR = 1.2

@@ -1,4 +1,4 @@
-"""Issue 26's table: every set-up and every target of one ``make bench`` run, side by side.
+"""The targets' table: every set-up and every target of one ``make bench`` run, side by side.
 
 ``make bench`` prints it after its main table, from figures that run measured:
 
@@ -11,7 +11,7 @@
   asking rounds of the example app, alternating slices): p50/p99 at 1
   connection, CPU per round of the router and of nginx (8 connections), and
   rounds/s per router (or nginx) core with the ratio to plain FastMCP's;
-* each target of the issue with the figure it is judged on and PASS / FAIL.
+* each target with the figure it is judged on and PASS / FAIL.
 
 The two halves are different clients (one Python client vs wrk) on different
 apps, so latencies compare within a half, never across. Nothing asserts.
@@ -44,7 +44,7 @@ HEAD: Row = (
     "p99",
     "rounds/s per core",
 )
-TARGET_HEAD: Row = ("target (issue 26)", "measured", "from", "verdict", "on")
+TARGET_HEAD: Row = ("target", "measured", "from", "verdict", "on")
 
 
 def _verdict(ok: bool) -> str:

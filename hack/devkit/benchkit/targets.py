@@ -1,4 +1,4 @@
-"""Issue 12's scale targets, each printed with the figure measured in this run.
+"""The scale targets, each printed with the figure measured in this run.
 
 Nothing asserts: ``make bench`` reports met / not met, and says on which
 figures (side-by-side ratios from one run on a shared machine).
@@ -25,7 +25,7 @@ class Figures:
     #: Bytes per live handshake session (RSS / INFO memory deltas over the sessions).
     router_bytes_per_session: float | None = None
     redis_bytes_per_session: float | None = None
-    #: Issue 26's figures (:mod:`benchkit.summary`): the round-cost servers, by name,
+    #: The targets' table's figures (:mod:`benchkit.summary`): the round-cost servers, by name,
     #: and the router-cost run's figures.
     rounds: dict[str, Server] = field(default_factory=dict)
     router: routercost.Figures | None = None

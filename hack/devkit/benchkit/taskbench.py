@@ -1,4 +1,4 @@
-"""``make bench``'s rows for MCP tasks (issue 28): a task's creation, its first
+"""``make bench``'s rows for MCP tasks: a task's creation, its first
 ``tasks/get`` on another replica, and completed tasks/s per replica.
 
 A fleet of three replicas of :mod:`fleetkit.taskapp` (an app written for
@@ -213,7 +213,7 @@ def rows_of(fig: TaskFigures) -> list[Row]:
 
 
 def skipped(reason: str) -> list[Row]:
-    return [("task rows (MCP tasks, issue 28)", "skipped", "", reason)]
+    return [("task rows (MCP tasks)", "skipped", "", reason)]
 
 
 def task_rows(quick: bool, python: Path = TASKS_PYTHON) -> list[Row]:
