@@ -40,9 +40,9 @@ def add_parsers(sub: Any) -> None:
         help="watch this namespace (repeat for more; default: $POD_NAMESPACE)",
     )
     where.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    from mcpfleet import redisconn
+    from mcpfleet.commands import redisflags
 
-    redisconn.add_flags(
+    redisflags.add_flags(
         o,
         url_help="Redis to read attestations from (a read-only account is enough)",
         default="",
@@ -152,6 +152,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from mcpfleet import redisconn
+    from mcpfleet.commands import redisflags
     from mcpfleet_operator import handlers  # noqa: F401  (importing registers them with kopf)
     from mcpfleet_operator.runtime import Runtime
 
@@ -165,7 +166,7 @@ def run_operator(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        redis_settings = redisconn.from_args(args, source=source)
+        redis_settings = redisflags.from_args(args, source=source)
     except redisconn.RedisConfigError as exc:
         print(f"mcpfleet operator: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -7,7 +7,8 @@ adds its own through the ``mcpfleet.commands`` entry-point group in the same
 shape (the operator's ``operator`` and ``rotate``), so :mod:`mcpfleet.cli`
 treats every subcommand alike. Also here: what the modules share (the flag
 types, :class:`UsageError`, and :func:`config_from_args`, the one way a
-config is built from flags).
+config is built from flags); the Redis flags are
+:mod:`mcpfleet.commands.redisflags`'s, which the operator's command uses too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 from mcpfleet import redisconn
+from mcpfleet.commands import redisflags
 from mcpfleet.contract import check_fleet_name
 from mcpfleet.redisconn import RedisFiles, RedisSettings
 
@@ -100,7 +102,7 @@ def redis_settings(args: argparse.Namespace) -> RedisSettings | None:
     if not args.redis:
         return None
     try:
-        return redisconn.from_args(args)
+        return redisflags.from_args(args)
     except redisconn.RedisConfigError as exc:
         raise UsageError(str(exc)) from None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mcpfleet import redisconn
 from mcpfleet.commands import (
     UsageError,
     add_fleet_flag,
@@ -16,6 +15,7 @@ from mcpfleet.commands import (
     positive_int,
     redis_fields,
     redis_settings,
+    redisflags,
 )
 from mcpfleet.config import RouterConfig
 
@@ -28,7 +28,7 @@ def add_parsers(sub: Any) -> None:
     rtr = RouterConfig
     r = sub.add_parser("router", help="run the sticky router")
     add_listen_flags(r, rtr)
-    redisconn.add_flags(r, url_help="Redis for the routing table", required=True)
+    redisflags.add_flags(r, url_help="Redis for the routing table", required=True)
     add_fleet_flag(r, rtr.fleet)
     r.add_argument(
         "--session-ttl",

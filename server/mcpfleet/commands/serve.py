@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mcpfleet import redisconn
 from mcpfleet.commands import (
     UsageError,
     add_fleet_flag,
@@ -17,6 +16,7 @@ from mcpfleet.commands import (
     positive_int,
     redis_fields,
     redis_settings,
+    redisflags,
     share,
 )
 from mcpfleet.config import ReplicaConfig
@@ -39,7 +39,7 @@ def add_parsers(sub: Any) -> None:
         required=True,
         help="key ring directory (a Secret volume)",
     )
-    redisconn.add_flags(s, url_help="Redis for the registry (omit: standalone)")
+    redisflags.add_flags(s, url_help="Redis for the registry (omit: standalone)")
     s.add_argument("--name", default="", help="replica name (default: $POD_NAME or host-port)")
     s.add_argument("--advertise", default="", help="URL other components reach this replica at")
     add_fleet_flag(s, rep.fleet)

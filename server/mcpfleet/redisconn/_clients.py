@@ -1,0 +1,352 @@
+"""Clients built from settings (plain, Unix socket, TLS, Sentinel), and the ways a
+step on a request's path waits for Redis: deadlines, a full pool, a failover."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from mcpfleet.redisconn._settings import FilePassword, RedisSettings
+from mcpfleet.redisconn._urls import RedisConfigError
+
+if TYPE_CHECKING:  # redis itself is imported when a client is built: config stays light
+    import redis
+    import redis.asyncio as aioredis
+
+log = logging.getLogger("mcpfleet.redis")
+
+#: The default deadline of one Redis step on a request's path (seconds): a
+#: socket timeout (0.5 s) and a retry fit in it several times over. 1 s was
+#: measured too short on a loaded 2-core kind cluster during a replica roll (a
+#: new replica's first claim read for over 0.5 s); 2 s is still a bounded,
+#: fast answer when Redis is gone.
+DEFAULT_DEADLINE = 2.0
+#: The default time a step that must ride through a Sentinel failover waits for
+#: the new master: the chart's Sentinel settings (down-after 1 s, failover
+#: within a few seconds; failover-timeout 5 s) plus a margin.
+DEFAULT_FAILOVER_WAIT = 8.0
+#: The oldest Redis the components work with: ``SET ... NX GET`` (the once
+#: ledger's claim) and ``PEXPIRE ... GT`` came with 7.0.
+MIN_VERSION = (7, 0)
+
+T = TypeVar("T")
+
+
+def queue_target(s: RedisSettings) -> tuple[str, Any]:
+    """A URL with no credential in it, and the credential provider, for a library
+    that builds its own clients from a URL (the tasks queue, :mod:`mcpfleet.tasks`).
+
+    The URL keeps the host, port, database and TLS files (as redis-py's URL
+    query); the password, from the URL or the password file, travels only in
+    the provider, so the library can log or hold its URL without a secret in
+    it. A Sentinel URL stays one (``redis+sentinel://s1:26379,s2:26379/<master>/<db>``,
+    the form the queue's library resolves through the sentinels as the fleet
+    does): the credentials are the master's, the sentinels are asked without
+    any, over TLS when the scheme is ``rediss+sentinel`` (the TLS files then
+    apply to both, as for the fleet's own clients).
+    """
+    from urllib.parse import quote, urlencode
+
+    from redis.credentials import UsernamePasswordCredentialProvider
+
+    p = s.parsed
+    if not p.hosts:
+        raise RedisConfigError(
+            "MCP tasks need a Redis reached over TCP (redis://, rediss:// or "
+            f"redis+sentinel://), got {s.redacted!r}"
+        )
+    scheme = ("rediss" if p.tls else "redis") + ("+sentinel" if p.sentinel else "")
+    query: dict[str, str] = {}
+    if p.tls:
+        f = s.files
+        query["ssl_cert_reqs"] = "required"
+        for name, path in (
+            ("ssl_ca_certs", f.ca_file),
+            ("ssl_certfile", f.cert_file),
+            ("ssl_keyfile", f.key_file),
+        ):
+            if path is not None:
+                query[name] = str(path)
+    provider: Any = None
+    if s.files.password_file is not None:
+        provider = FilePassword(p.username, s.files.password_file)
+    elif p.password is not None:
+        provider = UsernamePasswordCredentialProvider(p.username, p.password)
+    # With a provider, the user name travels in it too (not both, says redis-py).
+    user = f"{quote(p.username, safe='')}@" if p.username and provider is None else ""
+    hosts = ",".join(f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h, port in p.hosts)
+    where = f"{hosts}/{p.master}" if p.sentinel else hosts
+    url = f"{scheme}://{user}{where}/{p.db}"
+    if query:
+        url += "?" + urlencode(query)
+    return url, provider
+
+
+def _plain_kwargs(s: RedisSettings, timeout: float, *, aio: bool = True) -> dict[str, Any]:
+    p = s.parsed
+    kwargs = s.connection_kwargs(timeout, aio=aio)
+    kwargs["db"] = p.db
+    if p.scheme == "unix":
+        kwargs["unix_socket_path"] = p.path
+    else:
+        kwargs["host"], kwargs["port"] = p.hosts[0]
+    return kwargs
+
+
+#: The asyncio clients' connection pool: at most this many connections, and a
+#: command waits at most ``POOL_WAIT`` seconds for one (then :func:`pool_full`).
+POOL_SIZE = 64
+POOL_WAIT = 0.5
+
+
+def async_client(
+    s: RedisSettings,
+    *,
+    timeout: float,
+    health_check_interval: float = 0,
+    pool_size: int = POOL_SIZE,
+    pool_wait: float = POOL_WAIT,
+) -> aioredis.Redis:
+    """An asyncio client for the replica and the router, on a bounded, blocking pool:
+    a burst of commands queues for ``pool_wait`` seconds at most, never opens more
+    than ``pool_size`` connections, and a full pool is told apart from a Redis that
+    is down (:func:`pool_full`)."""
+    import redis.asyncio as aioredis
+    import redis.asyncio.sentinel as aiosentinel
+
+    extra: dict[str, Any] = {
+        "health_check_interval": health_check_interval,
+        "max_connections": pool_size,
+        "timeout": pool_wait,
+    }
+    if s.parsed.sentinel:
+        conn = s.connection_kwargs(timeout)
+        sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(s.parsed.hosts),
+            sentinel_kwargs=_sentinel_kwargs(conn),
+            **conn,
+        )
+        client: aioredis.Redis = sentinel.master_for(
+            s.parsed.master,
+            db=s.parsed.db,
+            decode_responses=False,
+            connection_pool_class=_blocking_sentinel_pool(),
+            **extra,
+        )
+        return client
+    # redis-py turns the URL's parts into a connection class and its arguments (a
+    # Unix socket, TLS) when it builds its own pool: take both from that pool.
+    default = aioredis.Redis(**_plain_kwargs(s, timeout), decode_responses=False).connection_pool
+    pool = aioredis.BlockingConnectionPool(
+        connection_class=default.connection_class,
+        **{**default.connection_kwargs, **extra},
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def _blocking_sentinel_pool() -> Any:
+    from redis.asyncio import BlockingConnectionPool
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+        """Sentinel's pool (asks for the master), blocking and bounded."""
+
+    return BlockingSentinelPool
+
+
+def pool_full(exc: BaseException) -> bool:
+    """True if ``exc`` is a command that waited its pool wait for a connection:
+    the client is busy, not Redis down."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return (
+        isinstance(exc, RedisConnectionError)
+        and isinstance(exc.__cause__, TimeoutError)
+        and "No connection available" in str(exc)
+    )
+
+
+def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
+    """A blocking client (the operator's handlers run in kopf's threads)."""
+    import redis
+    import redis.sentinel
+
+    if s.parsed.sentinel:
+        conn = s.connection_kwargs(timeout, aio=False)
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(s.parsed.hosts),
+            sentinel_kwargs=_sentinel_kwargs(conn),
+            **conn,
+        )
+        master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            s.parsed.master, db=s.parsed.db
+        )
+        return master
+    return redis.Redis(**_plain_kwargs(s, timeout, aio=False))
+
+
+async def follow_master(client: Any) -> bool:
+    """For a Sentinel client, ask the sentinels where the master is now; True if it moved.
+
+    redis-py's Sentinel pool asks only when it opens a connection, so a
+    demoted master that keeps its clients (``SENTINEL FAILOVER``: the old
+    master is reconfigured seconds later) would go on taking writes that are
+    then lost. On a move every connection is dropped, in use or not: the next
+    command goes to the new master. Asks the sentinels only (no command to
+    Redis, no ACL rule); a plain client returns False at once. Raises a
+    RedisError when no sentinel answers.
+    """
+    pool = client.connection_pool
+    if not hasattr(pool, "get_master_address"):
+        return False
+    before = pool.master_address
+    now = await pool.get_master_address()
+    if before is None or tuple(before) == tuple(now):
+        return False
+    await pool.disconnect(inuse_connections=True)
+    return True
+
+
+def through_sentinel(client: Any) -> bool:
+    """Whether ``client`` finds its master through Sentinel (and may see it move)."""
+    return hasattr(getattr(client, "connection_pool", None), "get_master_address")
+
+
+async def within(deadline: float, step: Awaitable[T]) -> T:
+    """``step``, or :class:`TimeoutError` (an ``OSError``) once ``deadline`` seconds passed.
+
+    Every Redis call on a request's path goes through here (or
+    :func:`ride_through`): whatever the client does inside (connect, a health
+    check PING, a retry), the caller has its answer within the deadline.
+    """
+    async with asyncio.timeout(deadline):
+        return await step
+
+
+#: Seconds between two tries of a step riding through a failover.
+FAILOVER_PAUSE = 0.2
+
+
+async def ride_through(
+    client: Any,
+    step: Callable[[], Awaitable[T]],
+    *,
+    deadline: float,
+    failover_wait: float,
+) -> T:
+    """``step()`` within ``deadline``; through Sentinel, tried again until the master answers.
+
+    A plain Redis: a reply that is only late (the client's socket timeout,
+    0.5 s, on a loaded machine) is asked again at once while ``deadline``
+    lasts, counted from the first try; a Redis that refuses or does not answer
+    at all fails within ``deadline``: it is gone, and waiting for it helps
+    nobody. Through Sentinel, a connection error or a timeout may be a
+    failover in progress: the step is tried again, every
+    :data:`FAILOVER_PAUSE` seconds, until it succeeds or ``failover_wait``
+    seconds have passed since the first try, then the last error is raised.
+    Any other error (a refusal by Redis: NOPERM, OOM), and a full connection
+    pool (:func:`pool_full`: this process is busy), is raised at once.
+    ``step`` must be safe to send twice (the once ledger's claim carries a
+    token that recognises its own record).
+    """
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    first = time.monotonic()
+    if not through_sentinel(client):
+        while True:
+            left = first + deadline - time.monotonic()
+            try:
+                return await within(max(left, 0.0), step())
+            except RedisTimeout:
+                if first + deadline - time.monotonic() <= 0:
+                    raise
+    limit = first + failover_wait
+    while True:
+        try:
+            return await within(deadline, step())
+        except (RedisConnectionError, RedisTimeout, OSError) as exc:
+            if pool_full(exc) or time.monotonic() + FAILOVER_PAUSE >= limit:
+                raise  # a full pool is this process busy, not a failover
+        await asyncio.sleep(FAILOVER_PAUSE)
+
+
+def version_error(info: dict[str, Any]) -> str | None:
+    """Why the Redis server that answered ``INFO server`` is too old, or None (pure)."""
+    raw = str(info.get("redis_version", ""))
+    try:
+        found = tuple(int(part) for part in raw.split(".")[:2])
+    except ValueError:
+        return None  # a fork that names its version otherwise: let it try
+    if len(found) == 2 and found < MIN_VERSION:
+        need = ".".join(map(str, MIN_VERSION))
+        return (
+            f"Redis {raw} is too old: mcpfleet needs Redis {need} or newer "
+            "(SET NX GET for once-flows, PEXPIRE GT)"
+        )
+    return None
+
+
+class RedisTooOld(RuntimeError):
+    """The fleet's Redis lacks a command mcpfleet needs; the message says which version."""
+
+
+async def check_version(client: Any, deadline: float) -> None:
+    """Refuse to start on a Redis older than 7.0; a Redis that does not answer is let be.
+
+    An unreachable Redis is an outage the replica and the router serve through
+    (they retry in the background); a Redis that answers with too old a
+    version would fail every once-flow's claim and the routes' expiry
+    updates, so the process says so at start and exits.
+    """
+    try:
+        info = await within(deadline, client.info("server"))
+    except Exception as exc:
+        log.warning("Redis version not checked (%s): it is checked again at the next start", exc)
+        return
+    problem = version_error(info)
+    if problem is not None:
+        log.error("%s", problem)
+        raise RedisTooOld(problem)
+
+
+def _sentinel_kwargs(conn: dict[str, Any]) -> dict[str, Any]:
+    """The sentinels are reached with the master's timeouts and TLS, without its credentials."""
+    return {
+        k: v for k, v in conn.items() if k not in ("username", "password", "credential_provider")
+    }
+
+
+def describe(exc: BaseException) -> str:
+    """One line on why Redis could not be used, for a log; names the flag to check.
+
+    A certificate the CA file did not sign is the mistake most worth spelling
+    out: otherwise it reads like any outage.
+    """
+    text = str(exc) or type(exc).__name__
+    low = text.lower()
+    if "certificate verify failed" in low or "certificate_verify_failed" in low:
+        return (
+            f"TLS certificate verify failed ({_short(text)}): is --redis-ca-file the CA "
+            "that signed the Redis server's certificate?"
+        )
+    if "certificate required" in low or "certificate_required" in low:
+        return (
+            f"the Redis server wants a client certificate ({_short(text)}): "
+            "give --redis-cert-file and --redis-key-file"
+        )
+    if "wrongpass" in low or "invalid username-password" in low:
+        return "authentication failed (WRONGPASS): check the user in the URL and the password file"
+    if "noperm" in low:
+        return f"permission denied by the Redis ACL ({_short(text)})"
+    if isinstance(exc, RedisConfigError):
+        return text
+    return f"{type(exc).__name__}: {_short(text)}"
+
+
+def _short(text: str, limit: int = 200) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,162 @@
+"""The once ledger's commands on connections of their own, driven directly."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+from mcpfleet.redisconn._clients import POOL_SIZE, POOL_WAIT
+
+
+class DirectCommands:
+    """A hot path's commands on a few of ``client``'s own connections, used directly.
+
+    redis-py's ``execute_command`` costs a command more than its round trip:
+    the blocking pool's lock and timeout, a task per socket write
+    (``asyncio.wait_for`` on Python 3.11), the retry wrapper and the command's
+    observability hooks. The once ledger's claim and its confirmation sit on
+    the final round's answer path, one after the other, so the answer waits
+    for all of that twice. Here the same commands go through the connections
+    ``client``'s pool makes (its class and arguments: TLS, ACL user and
+    password file, database, Sentinel's master lookup and its drop of a
+    demoted master, the health check), through the connection's own
+    ``send_packed_command`` and ``read_response``, and the same fail-fast
+    retry (one, at once, on a connection error only). What is kept:
+
+    * a reply later than the client's socket timeout raises redis-py's
+      ``TimeoutError`` and the connection is dropped (:func:`ride_through`
+      asks again on a plain Redis while its deadline lasts); a caller
+      cancelled mid-command (:func:`within`'s deadline) drops it too, so no
+      reply is ever read by the wrong command;
+    * at most ``size`` connections; a command waits ``wait`` seconds for one,
+      then fails as a full pool does (:func:`pool_full`: this process is
+      busy, not Redis down);
+    * through Sentinel, a connection to a master the client no longer takes
+      for the master (:func:`follow_master` moved it) is closed before it is
+      used again, as the pool's are.
+
+    Only the commands the once ledger sends: ``set``, ``get``, ``eval``;
+    ``info`` and the pool (for :func:`through_sentinel`) are ``client``'s.
+    """
+
+    def __init__(self, client: Any, *, size: int = POOL_SIZE, wait: float = POOL_WAIT) -> None:
+        self.client = client
+        self.connection_pool = client.connection_pool
+        self.size = size
+        self.wait = wait
+        self._read_timeout: float | None = self.connection_pool.connection_kwargs.get(
+            "socket_timeout"
+        )
+        self._idle: list[Any] = []
+        self._made = 0
+        self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+
+    async def info(self, section: str) -> Any:
+        return await self.client.info(section)
+
+    async def get(self, key: str) -> bytes | None:
+        reply: bytes | None = await self._execute("GET", key)
+        return reply
+
+    async def set(
+        self,
+        key: str,
+        value: str | bytes,
+        *,
+        nx: bool = False,
+        xx: bool = False,
+        get: bool = False,
+        px: int | None = None,
+    ) -> Any:
+        args: list[Any] = ["SET", key, value]
+        args += ["NX"] * nx + ["XX"] * xx + ["GET"] * get
+        if px is not None:
+            args += ["PX", px]
+        return await self._execute(*args)
+
+    async def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any:
+        # EVAL, not EVALSHA: the replica's ACL user may run EVAL only (contract.py).
+        return await self._execute("EVAL", script, numkeys, *keys_and_args)
+
+    async def aclose(self) -> None:
+        """Close every idle connection (those in use close when their command ends)."""
+        idle, self._idle = self._idle, []
+        self._made -= len(idle)
+        for conn in idle:
+            await conn.disconnect()
+
+    async def _execute(self, *args: Any) -> Any:
+        conn = await self._take()
+        try:
+            return await conn.retry.call_with_retry(
+                lambda: self._round_trip(conn, args), lambda _err: conn.disconnect()
+            )
+        finally:
+            self._give(conn)
+
+    async def _round_trip(self, conn: Any, args: tuple[Any, ...]) -> Any:
+        if not conn.is_connected:
+            # As the pool connects one: through Sentinel, the connection's own
+            # connect() asks where the master is (a send would not).
+            await conn.connect()
+        # Health-checked by the connection (a PING after the pool's idle interval);
+        # any failure below leaves it closed, to be connected again at its next use.
+        await conn.send_packed_command(conn.pack_command(*args))
+        if self._read_timeout is None:
+            return await conn.read_response()
+        try:
+            async with asyncio.timeout(self._read_timeout):
+                return await conn.read_response()
+        except TimeoutError:
+            from redis.exceptions import TimeoutError as RedisTimeout
+
+            raise RedisTimeout(f"Timeout reading from Redis ({args[0]})") from None
+
+    async def _take(self) -> Any:
+        if self._idle:
+            conn = self._idle.pop()
+            if self._moved(conn):
+                await conn.disconnect()  # connected again, to the master, at its next use
+            return conn
+        if self._made < self.size:
+            self._made += 1
+            conn = self.connection_pool.make_connection()
+            # No timeout on the write (redis-py would make a task for it per
+            # command); the read has the socket timeout, the caller its deadline.
+            conn.socket_timeout = None
+            return conn
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(self.wait):
+                return await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._give(waiter.result())  # handed over as this wait ended: pass it on
+            else:
+                waiter.cancel()  # skipped by _give
+            if isinstance(exc, TimeoutError):
+                raise RedisConnectionError("No connection available.") from exc
+            raise
+
+    def _moved(self, conn: Any) -> bool:
+        """Whether ``conn`` is connected to a Redis the client no longer takes for the master.
+
+        Through Sentinel the pool learns where the master is at every new
+        connection and at every :func:`follow_master` (the heartbeat's): a
+        demoted master may go on taking writes for seconds (``SENTINEL
+        FAILOVER``), and writes there are lost.
+        """
+        where = getattr(self.connection_pool, "master_address", None)
+        return where is not None and conn.is_connected and (conn.host, conn.port) != tuple(where)
+
+    def _give(self, conn: Any) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        self._idle.append(conn)
