@@ -40,8 +40,9 @@ checks the TLS files and holds the settings and the retry policy a client is
 built with; ``_clients`` builds the clients (Sentinel included) and bounds
 every wait (:func:`within`, :func:`ride_through`, :func:`pool_full`), and
 checks the server's version; ``_direct`` is the once ledger's command driver
-(:class:`DirectCommands`). Every name is imported from here. The command-line
-flags that build settings are :mod:`mcpfleet.commands.redisflags`'s.
+(:class:`DirectCommands`), used only on the redis-py versions it is tested
+with. Every name is imported from here. The command-line flags that build
+settings are :mod:`mcpfleet.commands.redisflags`'s.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from mcpfleet.redisconn._clients import (
     version_error,
     within,
 )
-from mcpfleet.redisconn._direct import DirectCommands
+from mcpfleet.redisconn._direct import TESTED_REDIS_PY, DirectCommands, direct_driver_problem
 from mcpfleet.redisconn._settings import (
     PASSWORD_FILE_FLAG,
     RETRIES,
@@ -104,6 +105,7 @@ __all__: Sequence[str] = (
     "POOL_WAIT",
     "RETRIES",
     "SCHEMES",
+    "TESTED_REDIS_PY",
     "DirectCommands",
     "FilePassword",
     "RedisConfigError",
@@ -115,6 +117,7 @@ __all__: Sequence[str] = (
     "async_client",
     "check_version",
     "describe",
+    "direct_driver_problem",
     "fail_fast_retry",
     "follow_master",
     "from_options",

@@ -1,12 +1,130 @@
-"""The once ledger's commands on connections of their own, driven directly."""
+"""The once ledger's commands on connections of their own, driven directly.
+
+:class:`DirectCommands` drives redis-py's connections below its public API
+(``make_connection``, ``pack_command``, ``send_packed_command``,
+``read_response``), so it is used only on the redis-py versions it is tested
+with (:data:`TESTED_REDIS_PY`) and only while the internals it calls look as
+it expects (:data:`INTERNALS`): on any other redis-py the same commands go
+through the client's pool, with a warning at start. pyproject.toml bounds
+redis-py below its next major version, which may change them at will.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import enum
+import importlib
+import inspect
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mcpfleet.redisconn._clients import POOL_SIZE, POOL_WAIT
+
+log = logging.getLogger("mcpfleet.redis")
+
+#: redis-py ``major.minor`` versions whose connection internals
+#: :class:`DirectCommands` is tested on (the versions hack/lock/*.txt pin).
+TESTED_REDIS_PY = ("8.0", "8.1")
+
+
+class Arg(enum.Enum):
+    """How the driver passes a parameter that has no default it relies on."""
+
+    REQUIRED = "passed by position"
+    VAR = "passed as *args"
+
+
+#: The redis-py internals the driver calls, ``(module, class, method)``, each
+#: with the parameters it relies on: passed (:class:`Arg`), or left to the
+#: default named here (``check_health``: the health check PING after an idle
+#: interval; ``disconnect_on_error``: a read that fails or is cancelled closes
+#: the connection, so no reply is read by the wrong command). A parameter not
+#: named must have a default. Read or set on each connection and its pool:
+#: :data:`CONNECTION_ATTRIBUTES`, the pool's ``connection_kwargs`` and, through
+#: Sentinel, its ``master_address``.
+INTERNALS: Mapping[tuple[str, str, str], Mapping[str, object]] = {
+    ("redis.asyncio.connection", "ConnectionPool", "make_connection"): {},
+    ("redis.asyncio.connection", "AbstractConnection", "connect"): {},
+    ("redis.asyncio.connection", "AbstractConnection", "pack_command"): {"args": Arg.VAR},
+    ("redis.asyncio.connection", "AbstractConnection", "send_packed_command"): {
+        "command": Arg.REQUIRED,
+        "check_health": True,
+    },
+    ("redis.asyncio.connection", "AbstractConnection", "read_response"): {
+        "disable_decoding": False,
+        "timeout": None,
+        "disconnect_on_error": True,
+    },
+    ("redis.asyncio.connection", "AbstractConnection", "disconnect"): {},
+    ("redis.asyncio.retry", "Retry", "call_with_retry"): {
+        "do": Arg.REQUIRED,
+        "fail": Arg.REQUIRED,
+    },
+}
+
+#: What the driver reads or sets on a connection its client's pool makes.
+CONNECTION_ATTRIBUTES = ("is_connected", "socket_timeout", "retry", "host", "port")
+
+
+def signature_changes(func: Callable[..., Any], relied: Mapping[str, object]) -> list[str]:
+    """How ``func``'s parameters differ from those the driver relies on (pure)."""
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return ["no signature"]
+    found = []
+    for name, expected in relied.items():
+        param = params.get(name)
+        if param is None:
+            found.append(f"no parameter {name!r}")
+        elif expected is Arg.VAR:
+            if param.kind is not param.VAR_POSITIONAL:
+                found.append(f"{name!r} is not *{name}")
+        elif expected is Arg.REQUIRED:
+            if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                found.append(f"{name!r} is not positional")
+        elif param.default is param.empty or param.default != expected:
+            found.append(f"{name!r} defaults to {param.default!r}, not {expected!r}")
+    for name, param in params.items():
+        required = param.default is param.empty and param.kind not in (
+            param.VAR_POSITIONAL,
+            param.VAR_KEYWORD,
+        )
+        if name != "self" and name not in relied and required:
+            found.append(f"a new required parameter {name!r}")
+    return found
+
+
+def internals_changed() -> list[str]:
+    """Each way the installed redis-py's internals differ from :data:`INTERNALS`."""
+    found = []
+    for (module, owner, method), relied in INTERNALS.items():
+        func = getattr(getattr(importlib.import_module(module), owner, None), method, None)
+        if not callable(func):
+            found.append(f"{owner}.{method} is gone")
+            continue
+        found += [f"{owner}.{method}: {change}" for change in signature_changes(func, relied)]
+    return found
+
+
+def direct_driver_problem(version: str | None = None) -> str | None:
+    """Why :class:`DirectCommands` does not drive the installed redis-py's connections
+    (an untested version, changed internals), or None."""
+    import redis
+
+    version = version or redis.__version__
+    if ".".join(version.split(".")[:2]) not in TESTED_REDIS_PY:
+        tested = ", ".join(v + ".x" for v in TESTED_REDIS_PY)
+        return (
+            f"redis-py {version} is not a version mcpfleet's direct commands are tested on "
+            f"({tested})"
+        )
+    changed = internals_changed()
+    if changed:
+        return f"redis-py {version}'s connections are not as tested ({'; '.join(changed)})"
+    return None
 
 
 class DirectCommands:
@@ -38,6 +156,8 @@ class DirectCommands:
 
     Only the commands the once ledger sends: ``set``, ``get``, ``eval``;
     ``info`` and the pool (for :func:`through_sentinel`) are ``client``'s.
+    On a redis-py it is not tested with (:func:`direct_driver_problem`) the
+    three go through ``client`` itself (``pooled``), said once at start.
     """
 
     def __init__(self, client: Any, *, size: int = POOL_SIZE, wait: float = POOL_WAIT) -> None:
@@ -51,11 +171,19 @@ class DirectCommands:
         self._idle: list[Any] = []
         self._made = 0
         self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+        problem = direct_driver_problem()
+        #: Whether the commands go through ``client``'s pool (an untested redis-py).
+        self.pooled = problem is not None
+        if problem is not None:
+            log.warning("%s: the once ledger's commands go through the client's pool", problem)
 
     async def info(self, section: str) -> Any:
         return await self.client.info(section)
 
     async def get(self, key: str) -> bytes | None:
+        if self.pooled:
+            pooled: bytes | None = await self.client.get(key)
+            return pooled
         reply: bytes | None = await self._execute("GET", key)
         return reply
 
@@ -69,6 +197,8 @@ class DirectCommands:
         get: bool = False,
         px: int | None = None,
     ) -> Any:
+        if self.pooled:
+            return await self.client.set(key, value, nx=nx, xx=xx, get=get, px=px)
         args: list[Any] = ["SET", key, value]
         args += ["NX"] * nx + ["XX"] * xx + ["GET"] * get
         if px is not None:
@@ -77,6 +207,8 @@ class DirectCommands:
 
     async def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Any:
         # EVAL, not EVALSHA: the replica's ACL user may run EVAL only (contract.py).
+        if self.pooled:
+            return await self.client.eval(script, numkeys, *keys_and_args)
         return await self._execute("EVAL", script, numkeys, *keys_and_args)
 
     async def aclose(self) -> None:
