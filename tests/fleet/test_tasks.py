@@ -26,6 +26,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetkit import monitoring
+from fleetkit.blobtext import blob_text
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.jwtkit import TokenIssuer
 from fleetkit.redisrig import RedisServer, acl_log, redis_fleet
@@ -195,6 +196,22 @@ def test_every_task_resolves_at_once_on_another_replica_and_completes_with_its_r
     assert not_found == 0
     assert not wrong, list(wrong.items())[:3]
     assert len(creators) == len(fleet.members), "the router spread the creations"
+
+
+def test_a_task_whose_result_is_1_mib_is_read_whole_through_the_router(
+    fleet: LocalFleet, issuer: TokenIssuer, http: httpx.Client
+) -> None:
+    alice = issuer.token("alice")
+    size = 1 << 20
+    made = create(http, fleet.url, "blob", {"size": size}, token=alice)
+    assert made.error is None, made.body
+    task_id = made.result["taskId"]
+    final = wait_final(http, fleet.url, [task_id], alice, timeout=30)[task_id]
+    assert final["status"] == "completed", final["status"]
+    for _ in range(20):
+        got = task(http, fleet.url, "tasks/get", task_id, token=alice)
+        assert got.status == 200 and got.error is None, str(got.body)[:300]
+        assert got.result["result"]["content"][0]["text"] == blob_text(size)
 
 
 def test_the_replicas_count_tasks_by_tool_and_status_and_read_the_queues_depth(

@@ -515,6 +515,12 @@ def main() -> None:
         action="store_true",
         help="only the replica's CPU per round beside plain FastMCP (benchkit.roundcost)",
     )
+    parser.add_argument(
+        "--answers-only",
+        action="store_true",
+        help="only the router's CPU per round for a 1 MiB answer beside a 1 KiB one"
+        " (benchkit.answersize)",
+    )
     args = parser.parse_args()
     # A run stopped from outside (SIGTERM) unwinds as Ctrl-C does: each fleet,
     # Redis, nginx and wrk it started is stopped by its context manager (before,
@@ -533,6 +539,13 @@ def main() -> None:
         print(render_summary(kept, None))
         print(f"\n{_took(started)}; {_load()}")
         return
+    if args.answers_only:
+        from benchkit.answersize import answer_size_rows
+
+        print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        print(render(answer_size_rows(args.quick)))
+        print(f"\n{_took(started)}; {_load()}")
+        return
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
     from benchkit.sessionbench import measure_sessions
@@ -542,6 +555,9 @@ def main() -> None:
         from benchkit.roundcost import round_cost_rows
 
         rows += round_cost_rows(args.quick, keep=results.rounds)
+        from benchkit.answersize import answer_size_rows
+
+        rows += answer_size_rows(args.quick)
     if not args.scale_only:
         from benchkit.oncebench import once_rows
 

@@ -13,7 +13,8 @@ question itself. ``plan`` asks two questions with mcpfleet's ``ask_then``
 inside the task (each answered with a ``tasks/update``, each next leg on any
 worker), then appends ``planned <tag> ...`` once.
 ``broken`` raises: a plain error (the task completes with ``isError``) or, with
-``protocol``, an MCP error (the engine fails the task).
+``protocol``, an MCP error (the engine fails the task). ``blob`` answers
+``size`` characters of text (:func:`fleetkit.blobtext.blob_text`).
 
 With ``$TASKAPP_JWT_PUBLIC_KEY_FILE`` (and ``TASKAPP_JWT_ISSUER``,
 ``TASKAPP_JWT_AUDIENCE``, ``TASKAPP_BASE_URL``), the app checks bearer tokens
@@ -39,6 +40,7 @@ from mcp_types import (
     InputRequiredResult,
 )
 
+from fleetkit.blobtext import blob_text
 from mcpfleet import Outcome, Question, ask_then, first_missing
 
 EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"
@@ -125,6 +127,12 @@ async def broken(protocol: bool = False) -> str:
     if protocol:
         raise MCPError(code=INTERNAL_ERROR, message="broken on purpose")
     raise ValueError("broken on purpose")
+
+
+@app.tool(task=True)
+async def blob(size: int) -> str:
+    """``size`` characters of text."""
+    return blob_text(size)
 
 
 _PLAN = first_missing(

@@ -1,8 +1,8 @@
 """The router's HTTP/1.1 client to the replicas: a keep-alive pool on httptools.
 
 Why not aiohttp: its client was the largest single share of the router's CPU
-(27.5% of it, issue 26), for features a hop to a replica on a private network
-never uses (redirects, cookies, proxies, TLS, decompression, trace hooks). This
+(27.5% of it in a profile of modern rounds), for features a hop to a replica on
+a private network never uses (redirects, cookies, proxies, TLS, decompression, trace hooks). This
 client does what the router needs and nothing else: one request per
 connection at a time, a pool of idle connections per replica, the response's
 headers as soon as they arrive, its body whole or chunk by chunk (SSE).
@@ -17,9 +17,15 @@ The fault semantics the router relies on are the client's to keep:
   ``idle_seconds`` (the replica's own keep-alive is 15 times longer), and never
   once the replica closed it; idle connections past that age are closed by a
   sweep, so none is kept for the replica to close under a request.
-* Response headers are bounded (:data:`MAX_RESPONSE_HEADER_BYTES`, counted as
-  bytes arrive); past the bound the connection is closed and the request is
-  :class:`Broken`.
+* Response headers are bounded (:data:`MAX_RESPONSE_HEADER_BYTES`, interim
+  answers' included, counted as bytes arrive up to the end of the head): past
+  the bound the connection is closed and the request is :class:`Broken`. Body
+  bytes read with the head never count: a replica writes a head and a large
+  body at once, and how the kernel splits them into reads is chance.
+* Nothing bounds a body: it is read whole only below the caller's bound
+  (``upstream.WHOLE_BODY_LIMIT``), else streamed with back-pressure.
+* Bytes after a complete response, in the same read, are not parsed (they
+  would mix with its headers): the response stands, its connection closes.
 * Closing a :class:`Response` before it is complete closes its connection, so
   the replica sees its client leave (and cancels the request); so does
   cancelling the task that waits for its headers.
@@ -58,6 +64,10 @@ class ConnectFailed(Exception):
 class Broken(Exception):
     """The connection failed after the request was written, before the response
     was complete (or its headers were unreadable): the replica may have read it."""
+
+
+class _Unsolicited(Exception):
+    """Stops the parser at bytes that follow a complete response."""
 
 
 class Headers(dict[str, str]):
@@ -128,14 +138,44 @@ class _Conn(asyncio.Protocol):
             self._close()
             return
         if not self.headers_done.done():
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_RESPONSE_HEADER_BYTES:
-                self._fail(Broken("response headers too large"))
+            room = MAX_RESPONSE_HEADER_BYTES - self.head_bytes
+            if len(data) > room:
+                self._over_room(data, room)
                 return
+            # The whole read fits the room: whatever part of it is body, the head
+            # (interim answers' included) cannot have passed the bound.
+            self.head_bytes += len(data)
+        self._feed(data)
+
+    def _over_room(self, data: bytes, room: int) -> None:
+        """A read longer than the room left for the head: the parser sees the room's
+        bytes first, and the rest only if the head ended within them (the rest is
+        body: a replica writes its head and a large body at once)."""
+        view = memoryview(data)
+        if not self._feed(view[:room]):
+            return
+        assert self.headers_done is not None
+        if not self.headers_done.done():
+            self._fail(Broken("response headers too large"))
+            return
+        self.head_bytes = MAX_RESPONSE_HEADER_BYTES
+        self._feed(view[room:])
+
+    def _feed(self, data: bytes | memoryview) -> bool:
+        """The parser fed ``data``; False if the response failed (then closed)."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(Broken(f"unreadable response: {exc}"))
+            if self.complete:
+                # Bytes past the end of the response, read with it (see
+                # on_message_begin): the response stands, the connection is
+                # not trusted again.
+                self.reusable = False
+                self._close()
+            else:
+                self._fail(Broken(f"unreadable response: {exc}"))
+            return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -153,6 +193,13 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     # --- httptools callbacks -------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second message in the read that ended the response: stop here
+            # (the exception stops the parser), before its headers mix with
+            # this response's.
+            raise _Unsolicited
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))

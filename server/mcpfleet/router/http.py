@@ -11,7 +11,12 @@ a new request on it begins, its headers must be complete within
 Header bytes are counted as they arrive, before the parser sees them: past
 ``max_header_bytes`` (plus :data:`HEADER_FRAMING_ALLOWANCE` for the request
 line and framing) the router answers a JSON-RPC ``431`` and closes, having
-read no more (the exact per-header sum is checked again in admission).
+read no more (the exact per-header sum is checked again in admission). Only
+head bytes count, from a request's first byte to its blank line: a read that
+holds the end of one request's body and the start of the next (pipelined) is
+fed to the parser up to that body's end (its ``Content-Length``, or for a
+chunked body each blank line until the parser ends the message), and the
+rest is counted as the next head.
 Each response's status line and headers go out in one write with the start of
 its body when the body follows in the same event-loop turn (a whole answer:
 every modern round), else at the end of that turn (:class:`_CoalescedWrites`):
@@ -116,6 +121,21 @@ class _CoalescedWrites:
         return getattr(self._transport, name)
 
 
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The length of a request's body as its headers frame it: None when chunked
+    (or unreadable: the parser refuses it), 0 when nothing frames one."""
+    length = 0
+    for name, value in headers:
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                return None
+    return length if length >= 0 else None
+
+
 class _BoundedHeaders(HttpToolsProtocol):
     header_timeout: float = 10.0
     max_connections: int | None = None
@@ -127,6 +147,11 @@ class _BoundedHeaders(HttpToolsProtocol):
     _header_bytes = 0
     _counting = True
     _tail = b""
+    #: Once the current request's headers are complete: the bytes of its
+    #: Content-Length body still to come, or None for a chunked body. A read may
+    #: hold a body's end and the next request's head (pipelined): the parser is
+    #: fed up to the body's end, and what follows is counted as a head.
+    _body_left: int | None = None
     _refused = False
     _writes: _CoalescedWrites | None = None
     _lost = False
@@ -145,19 +170,56 @@ class _BoundedHeaders(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._counting:
-            seen = self._tail + data
-            end = seen.find(b"\r\n\r\n")
-            if end < 0:
-                self._header_bytes += len(data)
-                self._tail = seen[-3:]
+        size = len(data)
+        pos = 0
+        while pos < size:
+            if self._counting:
+                end = self._blank_line(data, pos)
+                cut = size if end < 0 else end
+                self._header_bytes += cut - pos
+                if self._header_bytes > self.max_header_bytes + HEADER_FRAMING_ALLOWANCE:
+                    self._refuse_too_large()
+                    return
+                if end >= 0:
+                    self._counting, self._tail = False, b""
+            elif self._body_left:
+                # A Content-Length body: its end is known, and what follows it
+                # in this read is the next request's head, counted.
+                cut = min(size, pos + self._body_left)
+                self._body_left -= cut - pos
+            elif self._body_left == 0:
+                cut = size  # (the parser did not end the message where its length said)
             else:
-                self._header_bytes += end + 4 - len(self._tail)
-                self._counting, self._tail = False, b""
-            if self._header_bytes > self.max_header_bytes + HEADER_FRAMING_ALLOWANCE:
-                self._refuse_too_large()
+                # A chunked body ends with a blank line (its last chunk and
+                # trailers): fed up to each one, the parser says which ends it.
+                end = self._blank_line(data, pos)
+                cut = size if end < 0 else end
+            if pos == 0 and cut == size:
+                super().data_received(data)
+            else:  # (httptools reads any buffer: a part of the read, not copied)
+                super().data_received(memoryview(data)[pos:cut])  # type: ignore[arg-type]
+            if self._refused or self.transport.is_closing():
                 return
-        super().data_received(data)
+            pos = cut
+
+    def _blank_line(self, data: bytes, pos: int) -> int:
+        """The offset in ``data`` just past the first ``\r\n\r\n`` that ends at or
+        after ``pos`` (the bytes before ``pos`` of this message in ``_tail``), or -1,
+        keeping in ``_tail`` the last bytes seen for a blank line split across reads."""
+        tail = self._tail
+        if tail:
+            found = (tail + data[pos : pos + 3]).find(b"\r\n\r\n")
+            if found >= 0:
+                end = pos + found + 4 - len(tail)
+                self._tail = (tail + data[pos:end])[-3:]
+                return end
+        found = data.find(b"\r\n\r\n", pos)
+        if found >= 0:
+            end = found + 4
+            self._tail = data[end - 3 : end]
+            return end
+        self._tail = data[-3:] if len(data) - pos >= 3 else (tail + data[pos:])[-3:]
+        return -1
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser cannot read: the JSON-RPC shape, not uvicorn's plain text."""
@@ -167,7 +229,7 @@ class _BoundedHeaders(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._header_bytes, self._counting, self._tail = 0, True, b""
+        self._header_bytes, self._counting, self._tail, self._body_left = 0, True, b"", None
 
     def _refuse_too_large(self) -> None:
         """431 and close, whatever the parser has seen: nothing more is read."""
@@ -185,6 +247,7 @@ class _BoundedHeaders(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._body_left = _content_length(self.headers)
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[WATCH_DISCONNECT] = self.watch_disconnect
         super().on_headers_complete()
