@@ -16,10 +16,13 @@ import random
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
 from mcpfleet_operator.rotation import TASKS_WAIT_LIMIT
+
+if TYPE_CHECKING:
+    from mcpfleet.redisconn import RedisSettings
 
 log = logging.getLogger("mcpfleet_operator")
 
@@ -148,50 +151,27 @@ def default_namespace() -> str:
 # --------------------------------------------------------------------------- operator
 
 
+class _UsageError(Exception):
+    """A flag or the environment that stops ``mcpfleet operator`` before it starts."""
+
+
 def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from mcpfleet import redisconn
-    from mcpfleet.commands import redisflags
     from mcpfleet_operator import handlers  # noqa: F401  (importing registers them with kopf)
     from mcpfleet_operator.runtime import Runtime
 
-    source: redisconn.Source = "argument"
-    if not args.redis:
-        args.redis, source = os.environ.get("MCPFLEET_REDIS_URL", ""), "environment"
-    if not args.redis:
-        print(
-            "mcpfleet operator: error: --redis (or $MCPFLEET_REDIS_URL) is required",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     try:
-        redis_settings = redisflags.from_args(args, source=source)
-    except redisconn.RedisConfigError as exc:
+        redis_settings = _redis_settings(args)
+        namespaces = _namespaces(args)
+        if args.log_format == "json":
+            logging.getLogger().handlers.clear()
+            kopf.configure(log_format=kopf.LogFormat.JSON)
+        api = api_client()
+        _check_peering(api, args, namespaces)
+    except _UsageError as exc:
         print(f"mcpfleet operator: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    namespaces = list(args.namespace)
-    if not namespaces and not args.all_namespaces:
-        if not os.environ.get("POD_NAMESPACE"):
-            print(
-                "mcpfleet operator: error: give --namespace NS or --all-namespaces",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        namespaces = [os.environ["POD_NAMESPACE"]]
-    if args.log_format == "json":
-        logging.getLogger().handlers.clear()
-        kopf.configure(log_format=kopf.LogFormat.JSON)
-    api = api_client()
-    if not args.standalone:
-        missing = missing_peering(api, args.peering, None if args.all_namespaces else namespaces)
-        if missing:
-            print(
-                f"mcpfleet operator: error: no {missing} (the chart creates it); "
-                "create it, or run with --standalone",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
     runtime = Runtime(
         api=api,
         redis_settings=redis_settings,
@@ -199,13 +179,58 @@ def run_operator(args: argparse.Namespace) -> int:
         tasks_wait_limit=args.tasks_wait_limit,
     )
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
+    _run_kopf(args, namespaces, redis_settings.redacted, runtime)
+    return 0
+
+
+def _redis_settings(args: argparse.Namespace) -> RedisSettings:
+    """The Redis settings from ``--redis`` or ``$MCPFLEET_REDIS_URL`` (required)."""
+    from mcpfleet import redisconn
+    from mcpfleet.commands import redisflags
+
+    source: redisconn.Source = "argument"
+    if not args.redis:
+        args.redis, source = os.environ.get("MCPFLEET_REDIS_URL", ""), "environment"
+    if not args.redis:
+        raise _UsageError("--redis (or $MCPFLEET_REDIS_URL) is required")
+    try:
+        return redisflags.from_args(args, source=source)
+    except redisconn.RedisConfigError as exc:
+        raise _UsageError(str(exc)) from exc
+
+
+def _namespaces(args: argparse.Namespace) -> list[str]:
+    """The namespaces to watch: the flags', else ``$POD_NAMESPACE`` (none for -A)."""
+    namespaces = list(args.namespace)
+    if not namespaces and not args.all_namespaces:
+        if not os.environ.get("POD_NAMESPACE"):
+            raise _UsageError("give --namespace NS or --all-namespaces")
+        namespaces = [os.environ["POD_NAMESPACE"]]
+    return namespaces
+
+
+def _check_peering(api: Any, args: argparse.Namespace, namespaces: list[str]) -> None:
+    """Refuse to start paused forever: the peering object must exist (unless standalone)."""
+    if args.standalone:
+        return
+    missing = missing_peering(api, args.peering, None if args.all_namespaces else namespaces)
+    if missing:
+        raise _UsageError(
+            f"no {missing} (the chart creates it); create it, or run with --standalone"
+        )
+
+
+def _run_kopf(args: argparse.Namespace, namespaces: list[str], redis: str, runtime: Any) -> None:
+    """kopf's operator loop with the flags' settings, until it exits."""
+    import kopf
+
     settings = kopf.OperatorSettings()
     settings.peering.lifetime = args.peering_lifetime
     priority = args.priority if args.priority is not None else random.randint(1, 2**31 - 1)
     log.info(
         "operator starting: %s, redis %s, peering %s (priority %d), metrics :%d, health :%d",
         "all namespaces" if args.all_namespaces else f"namespaces {', '.join(namespaces)}",
-        redis_settings.redacted,
+        redis,
         "off" if args.standalone else args.peering,
         priority,
         args.metrics_port,
@@ -221,7 +246,6 @@ def run_operator(args: argparse.Namespace) -> int:
         liveness_endpoint=f"http://{args.health_host}:{args.health_port}/healthz",
         memo=runtime,
     )
-    return 0
 
 
 def missing_peering(api: Any, name: str, namespaces: list[str] | None) -> str:
