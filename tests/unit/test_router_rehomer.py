@@ -580,3 +580,23 @@ async def test_an_owner_gone_again_right_after_a_move_is_a_503_and_the_session_s
     assert await rig.gone(client, rehomed=True) is RequestOutcome.UNAVAILABLE
     assert client.status == 503 and rig.sessions.routes[SESSION] == OWNER
     assert rig.pool.sent == []
+
+
+async def test_a_request_waiting_on_a_move_that_failed_tries_its_own() -> None:
+    replies = [FakeResponse(401, {"WWW-Authenticate": "Bearer"}, b"expired"), opened("new-on-r1")]
+
+    async def in_turn() -> FakeResponse:
+        return replies.pop(0)  # the leader's credential expired, the follower's is good
+
+    rig = Rig({"r1": in_turn})
+    rig.pool.gate = asyncio.Event()
+    leader, follower = Client(), Client()
+    first = asyncio.ensure_future(rig.gone(leader))
+    await until(lambda: rig.pool.requests("initialize") == ["r1"], "the leader's initialize")
+    second = asyncio.ensure_future(rig.gone(follower))
+    await asyncio.sleep(0.01)
+    rig.pool.gate.set()
+    assert await first is RequestOutcome.CLIENT_ERROR and leader.status == 401
+    assert await second == "r1 new-on-r1", "the follower re-homes with its own credential"
+    assert follower.messages == []
+    assert rig.pool.requests("initialize") == ["r1", "r1"]

@@ -281,7 +281,9 @@ class Rehomer:
             return result
         finally:
             del self._moving[session]
-            future.set_result(result if isinstance(result, str) else None)
+            # A route for the requests that wait on this move; None when it ended
+            # in an answer (a RequestOutcome is a str too): each tries its own.
+            future.set_result(None if isinstance(result, RequestOutcome) else result)
 
     async def _lead(
         self, x: Exchange, session: str, route: str, cause: OwnerGone
@@ -345,7 +347,7 @@ class Rehomer:
                 result = await self._reopen(
                     replace(x, send=send_released), session, owner, record, cause
                 )
-            moved = isinstance(result, str)  # the move released the claim
+            moved = not isinstance(result, RequestOutcome)  # the move released the claim
             return result
         except TimeoutError:
             log.warning("re-home of a session of %s timed out", owner)
