@@ -24,12 +24,11 @@ from mcpfleet.router.upstream import Failure
 class Exchange:
     """A request the router admitted, and the way to answer it.
 
-    Built once per request (it replaces nothing the request path did not build
-    before: admission's own result), and never changed after: the request a
-    re-homed session forwards under its owner's session id is another
-    exchange (:meth:`with_headers`). Not frozen: a frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__``, several
-    times the cost of a plain one on every request.
+    Built once per request, by admission, as its result, and never changed
+    after: the request a re-homed session forwards under its owner's session
+    id is another exchange (:meth:`with_headers`). Not frozen: a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``,
+    several times the cost of a plain one, on every request.
     """
 
     scope: Scope
