@@ -36,7 +36,7 @@ from mcpfleet.dev.localprom import LocalPrometheus
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import write_ring, write_volume
 from mcpfleet.keys.ring import KeyRing
-from mcpfleet.router.proxy import RequestOutcome
+from mcpfleet.router.exchange import RequestOutcome
 from mcpfleet.router.upstream import Failure
 
 from .conftest import shared

@@ -1,18 +1,11 @@
-"""The re-home helpers of the router (mcpfleet.router.rehome), without I/O."""
+"""The re-home helpers of the router (mcpfleet.router.rehome, .reinit), without I/O."""
 
 from __future__ import annotations
 
 import json
 
-from mcpfleet.router.rehome import (
-    INIT_LIMIT,
-    InitRecord,
-    answers_gone_work,
-    initialize_params,
-    join_route,
-    split_route,
-    swap_session,
-)
+from mcpfleet.router.rehome import answers_gone_work, join_route, split_route, swap_session
+from mcpfleet.router.reinit import INIT_LIMIT, InitRecord, initialize_params
 
 
 def init_body(**params: object) -> bytes:

@@ -5,7 +5,8 @@ the request alone: header size, the path (only the MCP endpoint, in normal
 form), a repeated ``Host``, the DNS-rebinding policy on ``Host`` and
 ``Origin``, body size and read time, and duplicate ``Mcp-Session-Id``
 headers. The router answers a :class:`Rejection` itself; it never reaches a
-replica.
+replica. What it lets through it returns as the request's
+:class:`~mcpfleet.router.exchange.Exchange`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from starlette.types import Receive, Scope
+from starlette.types import Receive, Scope, Send
 
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import MCP_PATH, SESSION_HEADER
 from mcpfleet.httpio import ErrorCode
 from mcpfleet.router.decisions import OriginPolicy, forwardable_path, refused_origin
+from mcpfleet.router.exchange import Exchange
 from mcpfleet.router.http import body_arrived
 
 
@@ -29,14 +31,6 @@ class Rejection:
     status: int
     code: int
     message: str
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """A request to route: its headers (lower-cased names) and its whole body."""
-
-    headers: dict[str, str]
-    body: bytes
 
 
 _SESSION = SESSION_HEADER.lower()
@@ -51,9 +45,15 @@ class _TooLarge(Exception):
 
 
 async def admit(
-    scope: Scope, receive: Receive, config: RouterConfig, policy: OriginPolicy
-) -> Admitted | Rejection:
-    """Read and judge one request. Raises :class:`ClientGone` if the client left."""
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    started: float,
+    config: RouterConfig,
+    policy: OriginPolicy,
+) -> Exchange | Rejection:
+    """Read and judge one request that arrived at ``started``: the exchange to
+    route, or the rejection to answer. Raises :class:`ClientGone` if the client left."""
     raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
     # One pass over the headers: their size, the ones that may not repeat, and
     # the lookup table (the last value of a repeated name).
@@ -103,7 +103,7 @@ async def admit(
         return Rejection(
             400, ErrorCode.INVALID_REQUEST, "Bad Request: more than one Mcp-Session-Id"
         )
-    return Admitted(headers, body)
+    return Exchange(scope, receive, send, headers, body, started, headers.get(_SESSION))
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

@@ -32,15 +32,19 @@ router right after an answer (the client's next request opens a connection to
 another router); then uvicorn's graceful shutdown lets what is in flight finish
 (``graceful_timeout``). Without the linger, a request a client sent on an idle
 pooled connection could meet that connection's close and be lost unanswered.
+The process around the router (uvicorn and its signals) is
+:mod:`~mcpfleet.router.serve`.
 
 :class:`Router` decides and keeps the books (in flight, sessions, latency,
-outcomes); it forwards through :class:`~mcpfleet.router.upstream.Upstream`.
+outcomes); a request travels through it as one
+:class:`~mcpfleet.router.exchange.Exchange`; it forwards through
+:class:`~mcpfleet.router.upstream.Upstream`, and hands a session whose owner is
+gone to its :class:`~mcpfleet.router.rehome.Rehomer`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import gc
 import json
@@ -49,19 +53,11 @@ import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
 from mcpfleet.config import RouterConfig
-from mcpfleet.contract import (
-    DRAINING_HEADER,
-    PRINCIPAL_HEADER,
-    REHOME_HEADER,
-    ROUTER_ERROR_HEADER,
-    SESSION_HEADER,
-    RedisKeys,
-)
-from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
+from mcpfleet.contract import DRAINING_HEADER, SESSION_HEADER, RedisKeys
+from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.redisconn import check_version, follow_master, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
@@ -75,88 +71,35 @@ from mcpfleet.router.decisions import (
     place_session,
     valid_session_id,
 )
-from mcpfleet.router.h1 import Broken, ConnectFailed, Response
+from mcpfleet.router.exchange import (
+    Exchange,
+    RequestOutcome,
+    outcome_of,
+    outcome_unknown,
+    respond,
+    retry_later,
+    session_not_found,
+)
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.rehome import (
-    InitRecord,
-    Lost,
-    answers_gone_work,
+    OwnerGone,
+    Rehomer,
     client_session_line,
-    close_session,
-    initialize_params,
-    join_route,
-    reopen,
     split_route,
     swap_session,
 )
-from mcpfleet.router.table import (
-    Health,
-    LookupSource,
-    RedisDown,
-    ReplicaView,
-    SessionTable,
-)
+from mcpfleet.router.table import Health, LookupSource, RedisDown, ReplicaView, SessionTable
 from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
-from mcpfleet.sigterm import SigtermFirstServer
 
 log = logging.getLogger("mcpfleet.router")
 _T = TypeVar("_T")
-
-
-class RequestOutcome(enum.StrEnum):
-    """How the router ended a request: the ``outcome`` label of ``mcpfleet_router_requests_total``.
-
-    A :class:`Failure` of the last forward attempt is an outcome too.
-    """
-
-    OK = "ok"  # relayed a 1xx-3xx answer
-    CLIENT_ERROR = "client_error"  # relayed (or, for an unknown session, made) a 4xx
-    UPSTREAM_ERROR = "upstream_error"  # relayed a 5xx
-    REJECTED = "rejected"  # refused by the router: bad or hostile input
-    OWNER_GONE = "owner_gone"  # the session's owner is gone: the spec's 404
-    UNAVAILABLE = "unavailable"  # the owner or the session directory cannot answer now
-    NO_REPLICA = "no_replica"  # no serving replica (or all at their session cap)
-
-
-class OwnerGone(enum.StrEnum):
-    """Why a session's owner counts as gone: the ``reason`` of ``owner_gone_total``."""
-
-    DEREGISTERED = "deregistered"  # known dead, or absent from the registry too long
-    REFUSED = "refused"  # its address refused the connection
-    UNKNOWN_TO_OWNER = "unknown_to_owner"  # it answered that it no longer has the session
-    DIED = "died"  # it dropped a request mid-way and then refused connections
 
 
 class Route(enum.StrEnum):
     """The ``route`` label: a :class:`RouteKind`, or ``invalid`` for a request never routed."""
 
     INVALID = "invalid"
-
-
-_ROUTER_ERROR = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    """An answer the router made itself: marked so, never mistaken for a replica's."""
-    await send_whole(send, status, body, headers=[_ROUTER_ERROR, *(extra or [])])
-
-
-async def _retry_later(send: Send, status: int, code: int, message: str) -> None:
-    """A JSON-RPC error the client may retry in a second (503 or 502 with Retry-After)."""
-    await _respond(send, status, jsonrpc_error(code, message), [(b"retry-after", b"1")])
-
-
-async def _outcome_unknown(send: Send, replica: str) -> None:
-    """The 502 for a request a replica may have run: no Retry-After, it is not a hint
-    that sending it again is safe (a once-flow's replay is; a plain tool's may not be)."""
-    message = (
-        f"Replica {replica} dropped the connection before answering: "
-        "the request may have run; it was not sent again"
-    )
-    await _respond(send, 502, jsonrpc_error(ErrorCode.INTERNAL_ERROR, message))
 
 
 class Router:
@@ -189,16 +132,15 @@ class Router:
             negative_ttl=config.unknown_session_ttl,
         )
         self.sessions.rehome = config.rehome_sessions
-        #: Requests (POST) in flight per session on this router, counted when
-        #: re-homing: a session with one when its owner went is not re-homed.
-        self._busy: dict[str, int] = {}
-        #: Re-homes this router runs now, by session: the new route, or None.
-        self._moving: dict[str, asyncio.Future[str | None]] = {}
         self.metrics = RouterMetrics()
         self.origin_policy = OriginPolicy.for_bind(
             config.host, config.allowed_hosts, config.allowed_origins
         )
         self.upstream = Upstream(config.connect_timeout)
+        #: What becomes of a session whose owner is gone (the 404, or a move).
+        self.rehomer = Rehomer(
+            config, self.sessions, self.view, self.upstream, self.metrics, self.health
+        )
         self._tasks: list[asyncio.Task[None]] = []
         #: ``notifications/cancelled`` on their way to replicas.
         self._notices: set[asyncio.Future[None]] = set()
@@ -300,14 +242,14 @@ class Router:
             send = _closing_connection(send)
         path: str = scope["path"]
         if path == "/healthz":
-            await _respond(send, 200, json.dumps({"status": "alive"}).encode())
+            await respond(send, 200, json.dumps({"status": "alive"}).encode())
             return
         if path == "/readyz":
             # Degraded (Redis down) is still ready: cached sessions and stateless
             # traffic keep flowing. Not ready only when no replica serves.
             status = self.status()
             ready = status["serving"] and not self.closing
-            await _respond(send, 200 if ready else 503, json.dumps(status).encode())
+            await respond(send, 200 if ready else 503, json.dumps(status).encode())
             return
         if path == "/metrics":
             body = self.metrics.render()
@@ -329,35 +271,32 @@ class Router:
     ) -> tuple[str, RequestOutcome | Failure]:
         """Handle one proxied request; returns (route kind, outcome) for the metrics."""
         try:
-            admitted = await admit(scope, receive, self.config, self.origin_policy)
+            x = await admit(scope, receive, send, started, self.config, self.origin_policy)
         except ClientGone:
             return Route.INVALID, Failure.DISCONNECTED
-        if isinstance(admitted, Rejection):
-            await _respond(send, admitted.status, jsonrpc_error(admitted.code, admitted.message))
+        if isinstance(x, Rejection):
+            await respond(send, x.status, jsonrpc_error(x.code, x.message))
             return Route.INVALID, RequestOutcome.REJECTED
-        headers, body = admitted.headers, admitted.body
         method: str = scope["method"]
-        kind = classify(method, headers, body)
-        if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(body):
+        kind = classify(method, x.headers, x.body)
+        if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(x.body):
             # Answered here: a replica would open (and leak) a session for it.
-            await _respond(
+            await respond(
                 send, 400, jsonrpc_error(ErrorCode.PARSE_ERROR, "Parse error: the body is not JSON")
             )
             return kind.value, RequestOutcome.REJECTED
         if kind is RouteKind.STICKY:
-            outcome = await self._sticky(
-                scope, receive, send, headers[SESSION_HEADER.lower()], body, started
-            )
+            outcome = await self._sticky(x)
         else:
-            outcome = await self._spread(scope, receive, send, kind, body, started)
+            outcome = await self._spread(x, kind)
         return kind.value, outcome
 
-    async def _sticky(
-        self, scope: Scope, receive: Receive, send: Send, session: str, body: bytes, started: float
-    ) -> RequestOutcome | Failure:
+    async def _sticky(self, x: Exchange) -> RequestOutcome | Failure:
+        session = x.session
+        assert session is not None  # (the request carries Mcp-Session-Id: STICKY)
         if not valid_session_id(session):
-            await _respond(
-                send,
+            await respond(
+                x.send,
                 400,
                 jsonrpc_error(ErrorCode.INVALID_REQUEST, "Bad Request: malformed Mcp-Session-Id"),
             )
@@ -367,417 +306,88 @@ class Router:
         if route is None:
             if source is LookupSource.BUSY:
                 # A burst holds every Redis connection: the session may exist.
-                await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
+                await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
                 return RequestOutcome.UNAVAILABLE
             if source is LookupSource.UNKNOWN:
                 # Redis cannot say whether the session exists: a 404 could end a live one.
-                await _retry_later(
-                    send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+                await retry_later(
+                    x.send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
                 )
                 return RequestOutcome.UNAVAILABLE
-            await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
+            await session_not_found(x.send)
             return RequestOutcome.CLIENT_ERROR
-        return await self._to_route(scope, receive, send, session, route, body, started)
+        return await self._to_route(x, route)
 
     async def _to_route(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        session: str,
-        route: str,
-        body: bytes,
-        started: float,
-        rehomed: bool = False,
+        self, x: Exchange, route: str, rehomed: bool = False
     ) -> RequestOutcome | Failure:
-        """Forward a session's request along its ``route``; an owner found gone
-        ends the session (the 404), or, re-homing, moves it (:meth:`_gone`).
+        """Forward a session's request along its ``route``; an owner found gone is
+        the :class:`~mcpfleet.router.rehome.Rehomer`'s (:meth:`_gone`).
         ``rehomed``: the route was just made; an owner gone again is a 503."""
+        session = x.session
+        assert session is not None  # (a sticky exchange's)
         owner, upstream_session = split_route(route)
         address = await self.view.locate(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
-            return await self._gone(
-                scope, receive, send, session, route, body, started, OwnerGone.DEREGISTERED, rehomed
-            )
+            return await self._gone(x, route, OwnerGone.DEREGISTERED, rehomed)
         alias: tuple[bytes, bytes] | None = None
-        forwarded = scope
+        forwarded = x
         if upstream_session is not None:
             # The owner knows the session by its own id; answers carry the client's.
-            headers = swap_session(scope["headers"], session, upstream_session)
-            forwarded = {**scope, "headers": headers}
+            forwarded = x.with_headers(swap_session(x.scope["headers"], session, upstream_session))
             alias = (upstream_session.encode("latin-1"), session.encode("latin-1"))
         # Only a re-homing router reads the count (a session busy here is not moved).
-        counted = self.config.rehome_sessions and scope["method"] == "POST"
+        method: str = x.scope["method"]
+        counted = self.config.rehome_sessions and method == "POST"
         if counted:
-            self._busy[session] = self._busy.get(session, 0) + 1
+            self.rehomer.enter(session)
         try:
-            outcome = await self._forward(
-                forwarded,
-                receive,
-                send,
-                RouteKind.STICKY,
-                owner,
-                address,
-                body,
-                started,
-                session,
-                alias,
-            )
-            if counted and cancellations(body) and await self._cut(owner, address, outcome):
-                # Its owner may have gone while the request ran: whichever router
-                # the client turns to next must not re-home the session (its work
-                # is gone). Marked while the request still counts in flight here,
-                # so this router never re-homes it in between.
-                await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
+            outcome = await self._forward(forwarded, RouteKind.STICKY, owner, address, alias)
+            if counted and cancellations(x.body):
+                # Marked lost (if it may have been cut with its owner) while the
+                # request still counts in flight here.
+                await self.rehomer.ended(session, owner, address, outcome)
         finally:
             if counted:
-                left = self._busy[session] - 1
-                if left:
-                    self._busy[session] = left
-                else:
-                    del self._busy[session]
+                self.rehomer.leave(session)
         if outcome is Failure.REFUSED:
             self.view.drop_dead(owner)
-            return await self._gone(
-                scope, receive, send, session, route, body, started, OwnerGone.REFUSED, rehomed
-            )
+            return await self._gone(x, route, OwnerGone.REFUSED, rehomed)
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
-            await _retry_later(
-                send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
+            await retry_later(
+                x.send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
             )
             return RequestOutcome.UNAVAILABLE
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session (or, draining with
             # the handover, hands it over) answers this way.
-            return await self._gone(
-                scope,
-                receive,
-                send,
-                session,
-                route,
-                body,
-                started,
-                OwnerGone.UNKNOWN_TO_OWNER,
-                rehomed,
-            )
+            return await self._gone(x, route, OwnerGone.UNKNOWN_TO_OWNER, rehomed)
         if outcome is Failure.DROPPED:
             # The owner may have run the request, so it goes nowhere else. An owner
             # that no longer takes connections died with the session: the spec's 404.
             if not await self.upstream.accepts(address):
                 self.view.drop_dead(owner)
-                if self.config.rehome_sessions and scope["method"] == "GET":
-                    # A stream's opening request has no effect to repeat.
-                    return await self._gone(
-                        scope,
-                        receive,
-                        send,
-                        session,
-                        route,
-                        body,
-                        started,
-                        OwnerGone.DIED,
-                        rehomed,
-                    )
-                if self.config.rehome_sessions:
-                    return await self._lose(send, session, owner, Lost.REQUEST_BROKE)
-                return await self._owner_gone(send, session, owner, OwnerGone.DIED)
-            await _outcome_unknown(send, owner)
+                return await self._gone(x, route, OwnerGone.DIED, rehomed)
+            await outcome_unknown(x.send, owner)
             return Failure.DROPPED
-        if scope["method"] == "DELETE" and isinstance(outcome, int) and outcome < 300:
+        if method == "DELETE" and isinstance(outcome, int) and outcome < 300:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.drop(session)
-        return _outcome(outcome)
-
-    async def _cut(self, owner: str, address: str, outcome: int | Failure) -> bool:
-        """Whether a session's request that ended so may have been cut short with its owner.
-
-        A broken or dropped answer may: it counts at once, whether or not the
-        owner lives on (the mark matters only once the owner is gone, and a
-        SIGKILLed owner's port may still take a connection for an instant). So
-        may any end on a draining owner whose port then no longer takes
-        connections: its shutdown may end a running request's stream cleanly.
-        """
-        if outcome in (Failure.UPSTREAM_BROKE, Failure.DROPPED):
-            return True
-        att = self.view.get(owner)
-        if not isinstance(outcome, int) or att is None or att.state != "draining":
-            return False
-        return not await self.upstream.accepts(address)
+        return outcome_of(outcome)
 
     async def _gone(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        session: str,
-        route: str,
-        body: bytes,
-        started: float,
-        cause: OwnerGone,
-        rehomed: bool,
+        self, x: Exchange, route: str, cause: OwnerGone, rehomed: bool
     ) -> RequestOutcome | Failure:
-        """The owner of ``session`` is gone: the 404, or, re-homing, a move."""
-        owner = split_route(route)[0]
-        if not self.config.rehome_sessions or scope["method"] == "DELETE":
-            return await self._owner_gone(send, session, owner, cause)
-        if rehomed:
-            # The replica just chosen went at once: the session stays re-homable.
-            await _retry_later(
-                send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
-            )
-            return RequestOutcome.UNAVAILABLE
-        if self._busy.get(session):
-            return await self._lose(send, session, owner, Lost.IN_FLIGHT)
-        if scope["method"] == "POST" and answers_gone_work(body):
-            return await self._lose(send, session, owner, Lost.ANSWER_ORPHANED)
-        moved = await self._move(scope, send, session, route, cause)
-        if moved is None or isinstance(moved, (RequestOutcome, Failure)):
-            return moved or RequestOutcome.UNAVAILABLE
+        """The owner on ``route`` is gone: the 404, or, re-homing, on to the new route."""
+        moved = await self.rehomer.gone(x, route, cause, rehomed)
+        if isinstance(moved, RequestOutcome):
+            return moved
         # The client's own headers go along (its session id swapped by _to_route).
-        return await self._to_route(scope, receive, send, session, moved, body, started, True)
+        return await self._to_route(x, moved, True)
 
-    async def _move(
-        self, scope: Scope, send: Send, session: str, route: str, cause: OwnerGone
-    ) -> str | RequestOutcome | Failure | None:
-        """Re-home ``session``: its new route, or the outcome of the answer sent instead.
-
-        Concurrent requests of the session on this router share one re-home;
-        across routers, one claim in Redis lets one router move it while the
-        others wait for the new route (each wait bounded by ``rehome_timeout``).
-        """
-        for _ in range(self.config.attempts):
-            pending = self._moving.get(session)
-            if pending is None:
-                break
-            try:
-                moved = await asyncio.wait_for(asyncio.shield(pending), self.config.rehome_timeout)
-            except TimeoutError:
-                await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
-                return RequestOutcome.UNAVAILABLE
-            if moved is not None:
-                return moved
-            # The other request's re-home failed (its credential, say): try with ours.
-        else:
-            await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
-            return RequestOutcome.UNAVAILABLE
-        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        self._moving[session] = future
-        result: str | RequestOutcome | Failure | None = None
-        try:
-            result = await self._lead_move(scope, send, session, route, cause)
-            return result
-        finally:
-            del self._moving[session]
-            future.set_result(result if isinstance(result, str) else None)
-
-    async def _lead_move(
-        self, scope: Scope, send: Send, session: str, route: str, cause: OwnerGone
-    ) -> str | RequestOutcome | Failure:
-        owner = split_route(route)[0]
-        try:
-            current_route, init_raw, lost_raw = await self.sessions.rehome_state(session)
-        except RedisDown as exc:
-            self.health.fail(exc)
-            await _retry_later(
-                send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
-            )
-            return RequestOutcome.UNAVAILABLE
-        if lost_raw is not None:
-            reason = lost_raw.decode() if isinstance(lost_raw, bytes) else str(lost_raw)
-            return await self._lose(
-                send, session, owner, Lost(reason) if reason in set(Lost) else Lost.REQUEST_BROKE
-            )
-        if current_route is None:
-            # Ended meanwhile (a DELETE, an expiry): the session is unknown.
-            await self.sessions.drop(session)
-            await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
-            return RequestOutcome.OWNER_GONE
-        if current_route != route:
-            # Another router moved it already (this router's cache was stale).
-            self.sessions.remember(session, current_route)
-            return current_route
-        record = InitRecord.from_json(init_raw)
-        if record is None:
-            # Not re-homable (opened before the mode, the app opted out, too large).
-            return await self._owner_gone(send, session, owner, cause)
-        try:
-            claimed = await self.sessions.claim_move(session, self.config.rehome_timeout)
-        except RedisDown as exc:
-            self.health.fail(exc)
-            await _retry_later(
-                send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
-            )
-            return RequestOutcome.UNAVAILABLE
-        if not claimed:
-            return await self._await_move(send, session, route)
-        released = False
-
-        async def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                await self.sessions.release_move(session)
-
-        async def send_released(message: Message) -> None:
-            # The claim goes before any answer: the client's next request must
-            # find the session free to re-home, not held by this one.
-            if message["type"] == "http.response.start":
-                await release()
-            await send(message)
-
-        moved = False
-        try:
-            async with asyncio.timeout(self.config.rehome_timeout):
-                result = await self._reopen(scope, send_released, session, owner, record, cause)
-            moved = isinstance(result, str)  # the move released the claim
-            return result
-        except TimeoutError:
-            log.warning("re-home of a session of %s timed out", owner)
-            await _retry_later(
-                send_released, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
-            )
-            return RequestOutcome.UNAVAILABLE
-        finally:
-            if not moved:
-                await release()
-
-    async def _await_move(self, send: Send, session: str, route: str) -> str | RequestOutcome:
-        """Another router holds the session's move: its new route once written
-        (read every 50 ms, for at most ``rehome_timeout``), else a 503 to retry."""
-        deadline = time.monotonic() + self.config.rehome_timeout
-        while time.monotonic() < deadline:
-            try:
-                current = await self.sessions.route(session)
-            except RedisDown as exc:
-                self.health.fail(exc)
-                break
-            if current is None:
-                await _respond(
-                    send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found")
-                )
-                return RequestOutcome.OWNER_GONE
-            if current != route:
-                self.sessions.remember(session, current)
-                return current
-            await asyncio.sleep(0.05)
-        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
-        return RequestOutcome.UNAVAILABLE
-
-    async def _reopen(
-        self,
-        scope: Scope,
-        send: Send,
-        session: str,
-        owner: str,
-        record: InitRecord,
-        cause: OwnerGone,
-    ) -> str | RequestOutcome | Failure:
-        """Open the session again on a live replica (the claim is held): its new route."""
-        tried = {owner}
-        for _ in range(self.config.attempts):
-            choice = place_session(self.view.serving(exclude=tried), self.config.session_cap)
-            if choice is None:
-                break
-            tried.add(choice.name)
-            replica = self.view.get(choice.name)
-            if replica is None:
-                continue
-            self.view.note_placement(choice.name)
-            try:
-                reopened = await reopen(
-                    self.upstream.pool, replica.address, scope["headers"], record
-                )
-            except ConnectFailed:
-                if await self.view.after_refusal(replica.name, replica.address):
-                    tried.discard(replica.name)  # restarted elsewhere: it may take it
-                continue
-            except (TimeoutError, Broken) as exc:
-                # An initialize has no effect but a session, which idles out unused.
-                log.info("re-home on %s failed: %s", replica.name, type(exc).__name__)
-                continue
-            if reopened.status in (401, 403):
-                # The current credential does not open sessions: the client hears why.
-                extra = [
-                    (k, v)
-                    for k, v in reopened.raw_headers
-                    if k.lower() in (b"www-authenticate", b"content-type")
-                ]
-                await send_whole(send, reopened.status, reopened.body, headers=extra)
-                return RequestOutcome.CLIENT_ERROR
-            if reopened.status == 503:
-                continue  # draining, or at its session limit: another replica
-            if reopened.session is None:
-                return await self._lose(send, session, owner, Lost.REFUSED)
-            if not reopened.allowed or reopened.principal != record.principal:
-                # Another principal's credential (or an app that no longer allows
-                # it): the same 404 as an unknown session; the original is untouched.
-                await self._close_quietly(replica.address, scope, reopened.session)
-                if not reopened.allowed:
-                    return await self._owner_gone(send, session, owner, cause)
-                log.info("re-home refused: the credential is not the session owner's")
-                await _respond(
-                    send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found")
-                )
-                return RequestOutcome.OWNER_GONE
-            try:
-                lost = await self.sessions.lost(session)
-                if lost is None:
-                    new_route = join_route(replica.name, reopened.session)
-                    await self.sessions.move(session, new_route)
-            except RedisDown as exc:
-                self.health.fail(exc)
-                await self._close_quietly(replica.address, scope, reopened.session)
-                await _retry_later(
-                    send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
-                )
-                return RequestOutcome.UNAVAILABLE
-            if lost is not None:
-                # A router marked it lost while this one re-opened it.
-                await self._close_quietly(replica.address, scope, reopened.session)
-                return await self._lose(send, session, owner, Lost.REQUEST_BROKE)
-            self.metrics.rehomed.labels(cause).inc()
-            log.info("session of %s re-homed on %s (%s)", owner, replica.name, cause)
-            return new_route
-        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, "No serving replica")
-        return RequestOutcome.NO_REPLICA
-
-    async def _close_quietly(self, address: str, scope: Scope, upstream_session: str) -> None:
-        """DELETE a session the router opened and will not use; failures only logged."""
-        try:
-            async with asyncio.timeout(self.config.connect_timeout + 1.0):
-                await close_session(self.upstream.pool, address, scope["headers"], upstream_session)
-        except (ConnectFailed, Broken, TimeoutError) as exc:
-            log.info("unused re-home session not closed: %s", type(exc).__name__)
-
-    async def _lose(self, send: Send, session: str, owner: str, reason: Lost) -> RequestOutcome:
-        """The session had work in flight when its owner went (or cannot be opened
-        again): it ends with the spec's 404, counted by reason."""
-        log.info("session of %s ended, not re-homed: %s", owner, reason)
-        self.metrics.lost.labels(reason).inc()
-        await self.sessions.drop(session)
-        await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
-        return RequestOutcome.OWNER_GONE
-
-    async def _owner_gone(
-        self, send: Send, session: str, owner: str, reason: OwnerGone
-    ) -> RequestOutcome:
-        log.info("session of %s answered 404: owner %s", owner, reason)
-        await self.sessions.drop(session)
-        self.metrics.owner_gone.labels(reason).inc()
-        await _respond(send, 404, jsonrpc_error(ErrorCode.INVALID_REQUEST, "Session not found"))
-        return RequestOutcome.OWNER_GONE
-
-    async def _spread(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        kind: RouteKind,
-        body: bytes,
-        started: float,
-    ) -> RequestOutcome | Failure:
+    async def _spread(self, x: Exchange, kind: RouteKind) -> RequestOutcome | Failure:
         tried: set[str] = set()
         for _ in range(self.config.attempts):
             candidates = self.view.serving(exclude=tried)
@@ -793,9 +403,7 @@ class Router:
                 continue
             if kind is RouteKind.INITIALIZE:
                 self.view.note_placement(choice.name)
-            outcome = await self._forward(
-                scope, receive, send, kind, replica.name, replica.address, body, started
-            )
+            outcome = await self._forward(x, kind, replica.name, replica.address)
             if isinstance(outcome, Failure) and outcome.nothing_processed:
                 if outcome is Failure.REFUSED and await self.view.after_refusal(
                     replica.name, replica.address
@@ -804,52 +412,49 @@ class Router:
                 self.metrics.retries.labels(outcome.value).inc()
                 continue
             if outcome is Failure.DROPPED:
-                await _outcome_unknown(send, replica.name)
-            return _outcome(outcome)
+                await outcome_unknown(x.send, replica.name)
+            return outcome_of(outcome)
         full = (
             kind is RouteKind.INITIALIZE
             and self.config.session_cap is not None
             and bool(self.view.serving())
         )
         message = "All replicas are at their session cap" if full else "No serving replica"
-        await _retry_later(send, 503, ErrorCode.SERVER_ERROR, message)
+        await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, message)
         return RequestOutcome.NO_REPLICA
 
     async def _forward(
         self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
+        x: Exchange,
         kind: RouteKind,
         name: str,
         address: str,
-        body: bytes,
-        started: float,
-        session: str | None = None,
         alias: tuple[bytes, bytes] | None = None,
     ) -> int | Failure:
-        """Forward one request to replica ``name`` through :attr:`upstream`.
+        """Forward the request of ``x`` to replica ``name`` through :attr:`upstream`.
 
         Around the forwarding itself: the request counts in flight while it
         runs, a new session is recorded and the latency observed once the
-        replica's headers arrived, and ``session``'s route is forgotten when the
+        replica's headers arrived, and the session's route is forgotten when the
         replica marks its 404 as "no such session" (an unmarked 404 answers a
-        credential that is not the session's: the session lives on). Returns
-        the status relayed to the client, or the :class:`Failure` that stopped it.
+        credential that is not the session's: the session lives on). ``alias``:
+        the owner's and the client's ids of a re-homed session. Returns the
+        status relayed to the client, or the :class:`Failure` that stopped it.
         """
+        session = x.session
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
             try:
                 upstream = await _unless_client_leaves(
                     self.upstream.open(
-                        scope,
+                        x.scope,
                         name,
                         address,
-                        body,
+                        x.body,
                         client_session_line(session) if alias and session else b"",
                     ),
-                    scope,
-                    receive,
+                    x.scope,
+                    x.receive,
                     self.loop or asyncio.get_running_loop(),
                 )
             except Dropped:
@@ -858,7 +463,7 @@ class Router:
             except _ClientLeft:
                 # The client left before the replica answered: closing the upstream
                 # connection cancels a stateless request on the replica.
-                self._cancelled(kind, scope, address, body, session)
+                self._cancelled(kind, x, address)
                 return Failure.DISCONNECTED
             if isinstance(upstream, Failure):
                 return upstream
@@ -869,34 +474,24 @@ class Router:
                 if kind is RouteKind.INITIALIZE and upstream.status == 200:
                     created = upstream.headers.get(SESSION_HEADER)
                     if created and valid_session_id(created):
-                        await self.sessions.record(created, name, self._init_record(upstream, body))
+                        init = self.rehomer.init_record(upstream, x.body)
+                        await self.sessions.record(created, name, init)
                 elif session is not None and session_ended(upstream):
                     await self.sessions.drop(session)
             except BaseException:
                 upstream.close()
                 raise
-            self.metrics.observe_latency(kind.value, time.perf_counter() - started)
-            result = await self.upstream.relay(upstream, address, receive, send, alias)
+            self.metrics.observe_latency(kind.value, time.perf_counter() - x.started)
+            result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
             elif result is Failure.DISCONNECTED:
-                self._cancelled(kind, scope, address, body, session)
+                self._cancelled(kind, x, address)
             return result
         finally:
             self.view.inflight[name] -= 1
 
-    def _init_record(self, upstream: Response, body: bytes) -> str | None:
-        """What re-opens a new session elsewhere, when re-homing is on and the app allows it."""
-        if not self.config.rehome_sessions or upstream.headers.get(REHOME_HEADER) == "0":
-            return None
-        params = initialize_params(body)
-        if params is None:
-            return None
-        return InitRecord(params, upstream.headers.get(PRINCIPAL_HEADER) or "").to_json()
-
-    def _cancelled(
-        self, kind: RouteKind, scope: Scope, address: str, body: bytes, session: str | None
-    ) -> None:
+    def _cancelled(self, kind: RouteKind, x: Exchange, address: str) -> None:
         """The client went away before its answer was complete: the request is cancelled.
 
         A stateless request is cancelled by the closed upstream connection alone
@@ -906,11 +501,11 @@ class Router:
         with the client's own headers (its session id and credentials).
         """
         self.metrics.cancelled.labels(kind.value).inc()
-        if session is None:
+        if x.session is None:
             return
-        notices = cancellations(body)
+        notices = cancellations(x.body)
         if notices:
-            task = asyncio.ensure_future(self.upstream.notify(scope, address, notices))
+            task = asyncio.ensure_future(self.upstream.notify(x.scope, address, notices))
             self._notices.add(task)
             task.add_done_callback(self._notices.discard)
 
@@ -982,14 +577,6 @@ async def _unless_client_leaves(
             watcher.cancel()
 
 
-def _outcome(result: int | Failure) -> RequestOutcome | Failure:
-    if isinstance(result, Failure):
-        return result
-    if result < 400:
-        return RequestOutcome.OK
-    return RequestOutcome.CLIENT_ERROR if result < 500 else RequestOutcome.UPSTREAM_ERROR
-
-
 _CLOSE = (b"connection", b"close")
 
 
@@ -1004,52 +591,3 @@ def _closing_connection(send: Send) -> Send:
         await send(message)
 
     return closing
-
-
-class ClosingServer(SigtermFirstServer):
-    """uvicorn, but SIGTERM first closes keep-alive connections for ``drain_linger``
-    seconds (the router's ``closing``), then shuts down; a second signal or SIGINT
-    exits at once."""
-
-    def __init__(self, config: uvicorn.Config, router: Router) -> None:
-        super().__init__(config)
-        self.router = router
-
-    def takes_sigterm(self) -> bool:
-        return self.router.config.drain_linger > 0
-
-    def on_sigterm(self) -> None:
-        linger = self.router.config.drain_linger
-        self.router.closing = True
-        log.info("SIGTERM: closing client connections for %.1fs, then shutting down", linger)
-        asyncio.get_running_loop().call_later(linger, self._shut_down)
-
-    def _shut_down(self) -> None:
-        self.should_exit = True
-
-
-def router_server(config: RouterConfig) -> ClosingServer:
-    from mcpfleet.router.http import bounded_protocol
-
-    router = Router(config)
-    router.freeze_gc = True
-    uv_config = uvicorn.Config(
-        router,
-        host=config.host,
-        port=config.port,
-        http=bounded_protocol(
-            config.header_timeout, config.max_connections, config.max_header_bytes
-        ),
-        log_level="warning",
-        lifespan="on",
-        access_log=False,
-        timeout_graceful_shutdown=config.graceful_timeout,
-    )
-    return ClosingServer(uv_config, router)
-
-
-def run_router(config: RouterConfig) -> None:
-    server = router_server(config)
-    # uvicorn re-raises the SIGINT it handled; by then we are done.
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()

@@ -1,61 +1,71 @@
 """Re-homing an idle handshake session whose replica is gone (router ``--rehome-sessions``).
 
-What the router keeps per session (:class:`InitRecord`, in Redis beside the
-route): the client's ``initialize`` parameters and a digest of the principal
-that opened the session, never a token. When the owner is gone and the
-session had no work in flight, the router opens the session again on a live
-replica (:func:`reopen`: ``initialize`` with the stored parameters and the
-current request's credentials, then ``notifications/initialized``), records
-the route as the new owner and the new owner's session id
-(:func:`join_route`), and forwards the request with the session id swapped
-(:func:`swap_session`); answers carry the client's id back. docs/rehome.md
-tells what a client sees, and what this does not cover.
+When a session's owner is gone and the session had no work in flight, the
+router opens the session again on a live replica
+(:func:`~mcpfleet.router.reinit.reopen`: ``initialize`` with the parameters
+kept at the session's start and the current request's credentials, then
+``notifications/initialized``), records the route as the new owner and the
+new owner's session id (:func:`join_route`), and forwards the request with
+the session id swapped (:func:`swap_session`); answers carry the client's id
+back. docs/rehome.md tells what a client sees, and what this does not cover.
 
-Pure helpers here; the decisions and the books live in
-:class:`~mcpfleet.router.proxy.Router`, the Redis records in
-:class:`~mcpfleet.router.table.SessionTable`.
+:class:`Rehomer` decides what becomes of a session whose owner is gone (the
+spec's 404, or the move) and keeps this router's books for it: the requests
+of each session in flight here and the moves it leads. The router
+(:class:`~mcpfleet.router.proxy.Router`) tells it when a request starts and
+ends and when an owner is found gone, and forwards along the route a move
+returns. The Redis records live in :class:`~mcpfleet.router.table.SessionTable`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
-from dataclasses import dataclass
-from typing import Any
+import logging
+import time
+from dataclasses import replace
 
+from starlette.types import Message, Scope, Send
+
+from mcpfleet.config import RouterConfig
 from mcpfleet.contract import (
     CLIENT_SESSION_HEADER,
     LOST_AT_DRAIN_DEADLINE,
-    MCP_PATH,
     PRINCIPAL_HEADER,
     REHOME_HEADER,
     SESSION_HEADER,
+    Attestation,
 )
-from mcpfleet.router.decisions import valid_session_id
-from mcpfleet.router.h1 import Pool
-from mcpfleet.router.upstream import forward_header_block
+from mcpfleet.httpio import ErrorCode, send_whole
+from mcpfleet.router.decisions import place_session
+from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later, session_not_found
+from mcpfleet.router.h1 import Broken, ConnectFailed, Response
+from mcpfleet.router.metrics import RouterMetrics
+from mcpfleet.router.reinit import (
+    InitRecord,
+    Reopened,
+    close_session,
+    initialize_params,
+    reopen,
+)
+from mcpfleet.router.table import Health, RedisDown, ReplicaView, SessionTable
+from mcpfleet.router.upstream import Failure, Upstream
 
-#: The largest stored ``initialize`` parameters (bytes of JSON); a session whose
-#: client sent more is not re-homable (its route works as ever).
-INIT_LIMIT = 16 * 1024
-#: The parameters of ``initialize`` that open a session again, and nothing else.
-INIT_FIELDS = ("protocolVersion", "capabilities", "clientInfo")
+log = logging.getLogger("mcpfleet.router")
 
 _SESSION = SESSION_HEADER.lower().encode()
 _CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
-#: Request headers that belong to the client's own request, never to the
-#: re-home's ``initialize`` (the upstream client sets length and host).
-_NOT_FOR_REINIT = frozenset(
-    {
-        _SESSION,
-        b"content-type",
-        b"accept",
-        b"mcp-protocol-version",
-        b"last-event-id",
-        b"mcp-method",
-        b"mcp-name",
-    }
-)
+
+
+class OwnerGone(enum.StrEnum):
+    """Why a session's owner counts as gone: the ``reason`` of ``owner_gone_total``
+    (and the ``cause`` of ``sessions_rehomed_total``)."""
+
+    DEREGISTERED = "deregistered"  # known dead, or absent from the registry too long
+    REFUSED = "refused"  # its address refused the connection
+    UNKNOWN_TO_OWNER = "unknown_to_owner"  # it answered that it no longer has the session
+    DIED = "died"  # it dropped a request mid-way and then refused connections
 
 
 class Lost(enum.StrEnum):
@@ -75,54 +85,6 @@ class Lost(enum.StrEnum):
     #: Its replica's drain deadline cut a request of the session (the replica
     #: marked it in Redis before it stopped, whatever the router saw of the end).
     DRAIN_DEADLINE = LOST_AT_DRAIN_DEADLINE
-
-
-@dataclass(frozen=True)
-class InitRecord:
-    """What opens a session again: the client's parameters, the owner's principal digest."""
-
-    params: dict[str, Any]
-    #: ``""`` when the session was opened without a verified credential.
-    principal: str
-
-    def to_json(self) -> str:
-        return json.dumps({"params": self.params, "principal": self.principal})
-
-    @classmethod
-    def from_json(cls, raw: bytes | str | None) -> InitRecord | None:
-        """The record, or None when absent or not one (never trusted further)."""
-        if raw is None or len(raw) > INIT_LIMIT + 256:
-            return None
-        try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return None
-        if not isinstance(doc, dict):
-            return None
-        params, principal = doc.get("params"), doc.get("principal")
-        if not isinstance(params, dict) or not isinstance(principal, str):
-            return None
-        return cls(params, principal)
-
-
-def initialize_params(body: bytes) -> dict[str, Any] | None:
-    """The re-home parameters of an ``initialize`` request body (one message, not a
-    batch), or None when there are none to keep or they are too large."""
-    if len(body) > 4 * INIT_LIMIT:
-        return None
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("method") != "initialize":
-        return None
-    params = doc.get("params")
-    if not isinstance(params, dict) or not isinstance(params.get("protocolVersion"), str):
-        return None
-    kept = {k: params[k] for k in INIT_FIELDS if k in params}
-    if len(json.dumps(kept)) > INIT_LIMIT:
-        return None
-    return kept
 
 
 def join_route(owner: str, upstream_session: str | None) -> str:
@@ -169,103 +131,369 @@ def client_session_line(session: str) -> bytes:
     return b"%s: %s\r\n" % (_CLIENT_SESSION, session.encode("latin-1"))
 
 
-@dataclass(frozen=True)
-class Reopened:
-    """The answer of a re-home's ``initialize`` on a live replica."""
-
-    status: int
-    #: The new session's id on that replica (None unless a 200 named a valid one).
-    session: str | None
-    #: The principal digest the replica reported (``""`` without auth).
-    principal: str
-    #: False when the replica's app opted out of re-homing.
-    allowed: bool
-    #: The negotiated protocol version (for ``notifications/initialized``).
-    version: str
-    #: The answer's headers and body, relayed to the client on a 401/403.
-    raw_headers: list[tuple[bytes, bytes]]
-    body: bytes
+#: How often a router that waits for another router's move reads the route.
+MOVE_POLL = 0.05
 
 
-def _result_version(resp_body: bytes, content_type: str, fallback: str) -> str:
-    text = resp_body.decode("utf-8", "replace")
-    if content_type.startswith("text/event-stream"):
-        data = [ln[5:].strip() for ln in text.splitlines() if ln.startswith("data:")]
-        text = data[-1] if data else ""
-    try:
-        doc = json.loads(text)
-        version = doc["result"]["protocolVersion"]
-    except (ValueError, KeyError, TypeError):
-        return fallback
-    return version if isinstance(version, str) else fallback
+class Rehomer:
+    """What becomes of a session whose owner is gone, and this router's books for it.
 
+    With re-homing off, a gone owner's session gets the spec's 404 (its route
+    dropped, counted by :class:`OwnerGone`). With it on, a session with work in
+    flight gets the same 404 (counted by :class:`Lost`); an idle one moves to a
+    live replica, and :meth:`gone` returns its new route.
 
-async def reopen(
-    pool: Pool,
-    address: str,
-    client_headers: list[tuple[bytes, bytes]],
-    record: InitRecord,
-) -> Reopened:
-    """Open the session again on the replica at ``address``: ``initialize`` with the
-    stored parameters and the client's current credentials (every header of its
-    request but the session's and the message's own), then, on success,
-    ``notifications/initialized``. Raises what :meth:`Pool.request` raises;
-    the caller bounds the time."""
-    base = forward_header_block(
-        [(k, v) for k, v in client_headers if k.lower() not in _NOT_FOR_REINIT], None
-    )
-    headers = (
-        base + b"content-type: application/json\r\naccept: application/json, text/event-stream\r\n"
-    )
-    body = json.dumps(
-        {"jsonrpc": "2.0", "id": "mcpfleet-rehome", "method": "initialize", "params": record.params}
-    ).encode()
-    resp = await pool.request(address, b"POST", MCP_PATH.encode(), headers, body)
-    try:
-        answer = await resp.read()
-    finally:
-        resp.release()
-    created = resp.headers.get(SESSION_HEADER)
-    session = created if resp.status == 200 and created and valid_session_id(created) else None
-    version = _result_version(
-        answer, resp.headers.get("content-type") or "", str(record.params["protocolVersion"])
-    )
-    reopened = Reopened(
-        status=resp.status,
-        session=session,
-        principal=resp.headers.get(PRINCIPAL_HEADER) or "",
-        allowed=resp.headers.get(REHOME_HEADER) != "0",
-        version=version,
-        raw_headers=list(resp.raw_headers),
-        body=answer,
-    )
-    if session is None or not reopened.allowed or reopened.principal != record.principal:
-        return reopened
-    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
-    session_headers = headers + (
-        b"mcp-session-id: %s\r\nmcp-protocol-version: %s\r\n"
-        % (session.encode("latin-1"), version.encode("latin-1"))
-    )
-    ack = await pool.request(address, b"POST", MCP_PATH.encode(), session_headers, note)
-    try:
-        await ack.read()
-    finally:
-        ack.release()
-    if ack.status >= 300:
-        return Reopened(ack.status, None, reopened.principal, True, version, [], b"")
-    return reopened
+    The books: this router's requests (POSTs) in flight per session
+    (:meth:`enter`, :meth:`leave`; a session busy here is never moved), and the
+    moves this router leads, which concurrent requests of the same session
+    share.
+    """
 
+    def __init__(
+        self,
+        config: RouterConfig,
+        sessions: SessionTable,
+        view: ReplicaView,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+        health: Health,
+    ) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.view = view
+        self.upstream = upstream
+        self.metrics = metrics
+        self.health = health
+        #: Requests (POST) in flight per session on this router, counted when
+        #: re-homing: a session with one when its owner went is not re-homed.
+        self._busy: dict[str, int] = {}
+        #: Re-homes this router runs now, by session: the new route, or None.
+        self._moving: dict[str, asyncio.Future[str | None]] = {}
 
-async def close_session(
-    pool: Pool, address: str, client_headers: list[tuple[bytes, bytes]], session: str
-) -> None:
-    """DELETE a session the router opened and will not use (best effort, caller-bounded)."""
-    base = forward_header_block(
-        [(k, v) for k, v in client_headers if k.lower() not in _NOT_FOR_REINIT], None
-    )
-    headers = base + b"mcp-session-id: %s\r\n" % session.encode("latin-1")
-    resp = await pool.request(address, b"DELETE", MCP_PATH.encode(), headers, b"")
-    try:
-        await resp.read()
-    finally:
-        resp.release()
+    # --- what the router keeps at a session's start ------------------------------------
+
+    def init_record(self, response: Response, body: bytes) -> str | None:
+        """What re-opens a session the ``initialize`` ``body`` opened (``response``
+        its answer) elsewhere, when re-homing is on and the app allows it."""
+        if not self.config.rehome_sessions or response.headers.get(REHOME_HEADER) == "0":
+            return None
+        params = initialize_params(body)
+        if params is None:
+            return None
+        return InitRecord(params, response.headers.get(PRINCIPAL_HEADER) or "").to_json()
+
+    # --- the session's requests in flight on this router -------------------------------
+
+    def enter(self, session: str) -> None:
+        """A request (POST) of ``session`` starts on this router."""
+        self._busy[session] = self._busy.get(session, 0) + 1
+
+    def leave(self, session: str) -> None:
+        """A request of ``session`` counted by :meth:`enter` is over."""
+        left = self._busy[session] - 1
+        if left:
+            self._busy[session] = left
+        else:
+            del self._busy[session]
+
+    async def ended(self, session: str, owner: str, address: str, outcome: int | Failure) -> None:
+        """A request of ``session`` that had work (a request id) ended so on ``owner``.
+
+        If it may have been cut short with its owner, the session is marked lost
+        in Redis: whichever router the client turns to next must not re-home it
+        (its work is gone). Called while the request still counts in flight
+        here, so this router never re-homes it in between.
+
+        A broken or dropped answer may have been cut: it counts at once, whether
+        or not the owner lives on (the mark matters only once the owner is gone,
+        and a SIGKILLed owner's port may still take a connection for an
+        instant). So may any end on a draining owner whose port then no longer
+        takes connections: its shutdown may end a running request's stream cleanly.
+        """
+        if outcome not in (Failure.UPSTREAM_BROKE, Failure.DROPPED):
+            att = self.view.get(owner)
+            if not isinstance(outcome, int) or att is None or att.state != "draining":
+                return
+            if await self.upstream.accepts(address):
+                return
+        await self.sessions.mark_lost(session, Lost.REQUEST_BROKE)
+
+    # --- the owner is gone -------------------------------------------------------------
+
+    async def gone(
+        self, x: Exchange, route: str, cause: OwnerGone, rehomed: bool
+    ) -> str | RequestOutcome:
+        """The owner on ``route`` of ``x``'s session is gone: the answer's outcome
+        (the 404, a 503 to retry), or, re-homing, the session's new route, along
+        which the caller forwards ``x``. ``rehomed``: ``route`` was just made."""
+        session = x.session
+        assert session is not None  # (a sticky exchange's)
+        owner = split_route(route)[0]
+        method = x.scope["method"]
+        rehoming = self.config.rehome_sessions
+        if rehoming and cause is OwnerGone.DIED and method != "GET":
+            # It dropped the request and died: the request may have run. Only a
+            # stream's opening request (a GET) has no effect to repeat.
+            return await self._lose(x.send, session, owner, Lost.REQUEST_BROKE)
+        if not rehoming or method == "DELETE":
+            return await self._owner_gone(x.send, session, owner, cause)
+        if rehomed:
+            # The replica just chosen went at once: the session stays re-homable.
+            await retry_later(
+                x.send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        if self._busy.get(session):
+            return await self._lose(x.send, session, owner, Lost.IN_FLIGHT)
+        if method == "POST" and answers_gone_work(x.body):
+            return await self._lose(x.send, session, owner, Lost.ANSWER_ORPHANED)
+        return await self._move(x, session, route, cause)
+
+    async def _move(
+        self, x: Exchange, session: str, route: str, cause: OwnerGone
+    ) -> str | RequestOutcome:
+        """Re-home ``session``: its new route, or the outcome of the answer sent instead.
+
+        Concurrent requests of the session on this router share one re-home;
+        across routers, one claim in Redis lets one router move it while the
+        others wait for the new route (each wait bounded by ``rehome_timeout``).
+        """
+        for _ in range(self.config.attempts):
+            pending = self._moving.get(session)
+            if pending is None:
+                break
+            try:
+                moved = await asyncio.wait_for(asyncio.shield(pending), self.config.rehome_timeout)
+            except TimeoutError:
+                await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
+                return RequestOutcome.UNAVAILABLE
+            if moved is not None:
+                return moved
+            # The other request's re-home failed (its credential, say): try with ours.
+        else:
+            await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
+            return RequestOutcome.UNAVAILABLE
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._moving[session] = future
+        result: str | RequestOutcome | None = None
+        try:
+            result = await self._lead(x, session, route, cause)
+            return result
+        finally:
+            del self._moving[session]
+            # A route for the requests that wait on this move; None when it ended
+            # in an answer (a RequestOutcome is a str too): each tries its own.
+            future.set_result(None if isinstance(result, RequestOutcome) else result)
+
+    async def _lead(
+        self, x: Exchange, session: str, route: str, cause: OwnerGone
+    ) -> str | RequestOutcome:
+        """This router's move of ``session``: what Redis holds of it decides, then
+        the claim (another router's claim: wait for its move)."""
+        owner = split_route(route)[0]
+        try:
+            current_route, init_raw, lost_raw = await self.sessions.rehome_state(session)
+        except RedisDown as exc:
+            return await self._directory_down(x.send, exc)
+        if lost_raw is not None:
+            reason = lost_raw.decode() if isinstance(lost_raw, bytes) else str(lost_raw)
+            return await self._lose(
+                x.send, session, owner, Lost(reason) if reason in set(Lost) else Lost.REQUEST_BROKE
+            )
+        if current_route is None:
+            # Ended meanwhile (a DELETE, an expiry): the session is unknown.
+            await self.sessions.drop(session)
+            await session_not_found(x.send)
+            return RequestOutcome.OWNER_GONE
+        if current_route != route:
+            # Another router moved it already (this router's cache was stale).
+            self.sessions.remember(session, current_route)
+            return current_route
+        record = InitRecord.from_json(init_raw)
+        if record is None:
+            # Not re-homable (opened before the mode, the app opted out, too large).
+            return await self._owner_gone(x.send, session, owner, cause)
+        try:
+            claimed = await self.sessions.claim_move(session, self.config.rehome_timeout)
+        except RedisDown as exc:
+            return await self._directory_down(x.send, exc)
+        if not claimed:
+            return await self._await_move(x.send, session, route)
+        return await self._claimed(x, session, owner, record, cause)
+
+    async def _claimed(
+        self, x: Exchange, session: str, owner: str, record: InitRecord, cause: OwnerGone
+    ) -> str | RequestOutcome:
+        """The move, with the claim held: within ``rehome_timeout``; the claim
+        released before any answer, or at the end of a move that failed."""
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                await self.sessions.release_move(session)
+
+        async def send_released(message: Message) -> None:
+            # The claim goes before any answer: the client's next request must
+            # find the session free to re-home, not held by this one.
+            if message["type"] == "http.response.start":
+                await release()
+            await x.send(message)
+
+        moved = False
+        try:
+            async with asyncio.timeout(self.config.rehome_timeout):
+                result = await self._reopen(
+                    replace(x, send=send_released), session, owner, record, cause
+                )
+            moved = not isinstance(result, RequestOutcome)  # the move released the claim
+            return result
+        except TimeoutError:
+            log.warning("re-home of a session of %s timed out", owner)
+            await retry_later(
+                send_released, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        finally:
+            if not moved:
+                await release()
+
+    async def _await_move(self, send: Send, session: str, route: str) -> str | RequestOutcome:
+        """Another router holds the session's move: its new route once written
+        (read every :data:`MOVE_POLL` s, for at most ``rehome_timeout``), else a
+        503 to retry."""
+        deadline = time.monotonic() + self.config.rehome_timeout
+        while time.monotonic() < deadline:
+            try:
+                current = await self.sessions.route(session)
+            except RedisDown as exc:
+                self.health.fail(exc)
+                break
+            if current is None:
+                await session_not_found(send)
+                return RequestOutcome.OWNER_GONE
+            if current != route:
+                self.sessions.remember(session, current)
+                return current
+            await asyncio.sleep(MOVE_POLL)
+        await retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
+        return RequestOutcome.UNAVAILABLE
+
+    async def _reopen(
+        self, x: Exchange, session: str, owner: str, record: InitRecord, cause: OwnerGone
+    ) -> str | RequestOutcome:
+        """Open the session again on a live replica (the claim is held): its new route."""
+        tried = {owner}
+        for _ in range(self.config.attempts):
+            choice = place_session(self.view.serving(exclude=tried), self.config.session_cap)
+            if choice is None:
+                break
+            tried.add(choice.name)
+            replica = self.view.get(choice.name)
+            if replica is None:
+                continue
+            self.view.note_placement(choice.name)
+            try:
+                reopened = await reopen(
+                    self.upstream.pool, replica.address, x.scope["headers"], record
+                )
+            except ConnectFailed:
+                if await self.view.after_refusal(replica.name, replica.address):
+                    tried.discard(replica.name)  # restarted elsewhere: it may take it
+                continue
+            except (TimeoutError, Broken) as exc:
+                # An initialize has no effect but a session, which idles out unused.
+                log.info("re-home on %s failed: %s", replica.name, type(exc).__name__)
+                continue
+            if reopened.status == 503:
+                continue  # draining, or at its session limit: another replica
+            return await self._adopt(x, session, owner, record, cause, replica, reopened)
+        await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "No serving replica")
+        return RequestOutcome.NO_REPLICA
+
+    async def _adopt(
+        self,
+        x: Exchange,
+        session: str,
+        owner: str,
+        record: InitRecord,
+        cause: OwnerGone,
+        replica: Attestation,
+        reopened: Reopened,
+    ) -> str | RequestOutcome:
+        """``replica`` answered the re-home's ``initialize`` (not a 503): the
+        session's new route there, or the answer that says why not."""
+        if reopened.status in (401, 403):
+            # The current credential does not open sessions: the client hears why.
+            extra = [
+                (k, v)
+                for k, v in reopened.raw_headers
+                if k.lower() in (b"www-authenticate", b"content-type")
+            ]
+            await send_whole(x.send, reopened.status, reopened.body, headers=extra)
+            return RequestOutcome.CLIENT_ERROR
+        if reopened.session is None:
+            return await self._lose(x.send, session, owner, Lost.REFUSED)
+        if not reopened.allowed or reopened.principal != record.principal:
+            # Another principal's credential (or an app that no longer allows
+            # it): the same 404 as an unknown session; the original is untouched.
+            await self._close_quietly(replica.address, x.scope, reopened.session)
+            if not reopened.allowed:
+                return await self._owner_gone(x.send, session, owner, cause)
+            log.info("re-home refused: the credential is not the session owner's")
+            await session_not_found(x.send)
+            return RequestOutcome.OWNER_GONE
+        try:
+            lost = await self.sessions.lost(session)
+            if lost is None:
+                new_route = join_route(replica.name, reopened.session)
+                await self.sessions.move(session, new_route)
+        except RedisDown as exc:
+            self.health.fail(exc)
+            await self._close_quietly(replica.address, x.scope, reopened.session)
+            await retry_later(
+                x.send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        if lost is not None:
+            # A router marked it lost while this one re-opened it.
+            await self._close_quietly(replica.address, x.scope, reopened.session)
+            return await self._lose(x.send, session, owner, Lost.REQUEST_BROKE)
+        self.metrics.rehomed.labels(cause).inc()
+        log.info("session of %s re-homed on %s (%s)", owner, replica.name, cause)
+        return new_route
+
+    async def _close_quietly(self, address: str, scope: Scope, upstream_session: str) -> None:
+        """DELETE a session the router opened and will not use; failures only logged."""
+        try:
+            async with asyncio.timeout(self.config.connect_timeout + 1.0):
+                await close_session(self.upstream.pool, address, scope["headers"], upstream_session)
+        except (ConnectFailed, Broken, TimeoutError) as exc:
+            log.info("unused re-home session not closed: %s", type(exc).__name__)
+
+    async def _directory_down(self, send: Send, exc: BaseException) -> RequestOutcome:
+        """Redis could not answer a step of the move: a 503 to retry (still re-homable)."""
+        self.health.fail(exc)
+        await retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry")
+        return RequestOutcome.UNAVAILABLE
+
+    async def _lose(self, send: Send, session: str, owner: str, reason: Lost) -> RequestOutcome:
+        """The session had work in flight when its owner went (or cannot be opened
+        again): it ends with the spec's 404, counted by reason."""
+        log.info("session of %s ended, not re-homed: %s", owner, reason)
+        self.metrics.lost.labels(reason).inc()
+        await self.sessions.drop(session)
+        await session_not_found(send)
+        return RequestOutcome.OWNER_GONE
+
+    async def _owner_gone(
+        self, send: Send, session: str, owner: str, reason: OwnerGone
+    ) -> RequestOutcome:
+        """The session ends with its owner: the spec's 404, counted by how the
+        owner's absence was noticed."""
+        log.info("session of %s answered 404: owner %s", owner, reason)
+        await self.sessions.drop(session)
+        self.metrics.owner_gone.labels(reason).inc()
+        await session_not_found(send)
+        return RequestOutcome.OWNER_GONE
