@@ -27,7 +27,9 @@ import httpx
 
 from benchkit.hotpath import measure_hot_path
 from benchkit.loadgen import children
+from benchkit.nginx import start_nginx
 from benchkit.profilebench import router_cpu_rows
+from benchkit.table import Row, render
 from benchkit.targets import Figures, target_rows
 from fleetkit.fleet import ProcessFleet
 from fleetkit.wire import MODERN, MODERN_META, initialize_body
@@ -56,8 +58,6 @@ BODY = json.dumps(
         },
     }
 )
-
-Row = tuple[str, str, str, str]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -237,56 +237,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def start_nginx(workdir: Path, upstreams: list[str]) -> tuple[subprocess.Popen[bytes], int] | None:
-    """nginx as a plain round-robin reverse proxy over the same replicas, if installed."""
-    nginx = shutil.which("nginx") or (
-        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
-    )
-    if nginx is None:
-        return None
-    port = free_port()
-    servers = "\n".join(f"    server {u.removeprefix('http://')};" for u in upstreams)
-    conf = workdir / "nginx.conf"
-    conf.write_text(f"""
-worker_processes 1;
-daemon off;
-pid {workdir}/nginx.pid;
-error_log {workdir}/nginx-error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
-  fastcgi_temp_path {workdir}/fcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
-  upstream replicas {{
-{servers}
-    keepalive 64;
-  }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://replicas;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      # The client's Host (127.0.0.1:port), not the upstream group's name: the
-      # replicas refuse Host names they do not serve (DNS-rebinding guard).
-      proxy_set_header Host $http_host;
-      proxy_buffering off;
-    }}
-  }}
-}}
-""")
-    proc = subprocess.Popen(
-        [nginx, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_for(
-        lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,
-        timeout=15,
-        what="nginx",
-        retry_on=(httpx.HTTPError,),
-    )
-    return proc, port
 
 
 async def death_to_404(lf: LocalFleet) -> float:
@@ -488,15 +438,6 @@ async def measure(quick: bool, results: Figures, scale_only: bool = False) -> li
         lf.stop()
         shutil.rmtree(work, ignore_errors=True)
     return rows
-
-
-def render(rows: list[Row]) -> str:
-    head: Row = ("measure", "value", "ratio", "note")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
-    line = "+".join("-" * (w + 2) for w in widths)
-    out = [" | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)), line]
-    out += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
 
 
 def main() -> None:

@@ -345,7 +345,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer flows (a smoke run)")
     args = parser.parse_args()
-    from benchkit.bench import render
+    from benchkit.table import render
 
     print(f"mcpfleet round cost, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     print(render(round_cost_rows(args.quick)))

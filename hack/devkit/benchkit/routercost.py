@@ -251,8 +251,9 @@ def router_cost_rows(
 
 
 def main() -> None:
-    from benchkit.bench import render, start_nginx
+    from benchkit.nginx import start_nginx
     from benchkit.refbench import checkout, start_ref_router
+    from benchkit.table import render
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ref", help="an earlier commit whose router runs beside this one")

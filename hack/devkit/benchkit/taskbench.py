@@ -422,7 +422,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.json:
         # Run from the main venv: measure in the tasks venv, print the rows.
-        from benchkit.bench import render
+        from benchkit.table import render
 
         started = time.monotonic()
         print(render(task_rows(args.quick)))

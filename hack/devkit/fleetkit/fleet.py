@@ -177,11 +177,11 @@ def diagnostics(fleet: LocalFleet) -> str:
     try:
         import redis
 
-        from fleetkit.redisrig import RedisFleet  # imports this module: here, not at the top
-
+        # A fleet on a Redis with ACL users (fleetkit.redisrig) says how to reach it as admin.
+        admin = getattr(fleet, "redis_admin", None)
         client = (
-            fleet.redis_admin()  # a Redis with ACL users
-            if isinstance(fleet, RedisFleet)
+            admin()
+            if admin is not None
             else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
         )
         keys = RedisKeys(fleet.fleet)
