@@ -57,7 +57,7 @@ BAD_IMPORTS = [
     ("server/mcpfleet/contract.py", "import mcpfleet.registry", "server-layers"),
     ("server/mcpfleet/guard.py", "import kubernetes", "kubernetes-in-operator"),
     ("server/mcpfleet/dev/demo.py", "from kopf import on", "kubernetes-in-operator"),
-    ("server/mcpfleet/once.py", "import redis", "redis-in-redisconn"),
+    ("server/mcpfleet/once/_redis.py", "import redis", "redis-in-redisconn"),
     ("server/mcpfleet/config.py", "import mcpfleet_operator.api", "server-without-operator"),
     ("operator/mcpfleet_operator/rotation.py", "import kopf", "operator-pure-core"),
     ("operator/mcpfleet_operator/api.py", "import mcpfleet_operator.status", "operator-layers"),

@@ -226,6 +226,47 @@ def test_install_ledger_refuses_a_ttl_that_would_expire_claims_early() -> None:
         install_ledger(FastMCP("x"), MemoryLedger(), token_ttl=0)
 
 
+async def test_an_app_nobody_configured_keeps_its_flows_in_a_ledger_of_its_own() -> None:
+    """Without install_ledger, an app's once-flows use an in-process ledger held by the
+    app itself: a replay is still a replay, and another app's state is never shared."""
+    from mcpfleet.once import ledger_for
+
+    app, other = FastMCP("alone"), FastMCP("another")
+    runs: list[int] = []
+    flow = new_flow_id()
+    await run_once(app, flow, counting(runs), convert)
+    replay = await run_once(app, flow, counting(runs), convert)
+    assert runs == [1] and replay.meta == {ONCE_META_KEY: {"replayed": True}}
+    assert isinstance(ledger_for(app), MemoryLedger)
+    assert ledger_for(app) is ledger_for(app) and ledger_for(app) is not ledger_for(other)
+    await settle()
+
+
+async def test_a_ledger_installed_again_keeps_the_writes_still_under_way() -> None:
+    """The runtime installs Redis over the in-process ledger at start: a result being
+    stored through the first is still held, and settled, after the swap."""
+    from mcpfleet.once._flows import flows_of
+
+    class Slow(MemoryLedger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stored = asyncio.Event()
+
+        async def store(self, flow: str, record: Record, lifetime: float) -> None:
+            await asyncio.sleep(0.05)
+            await super().store(flow, record, lifetime)
+            self.stored.set()
+
+    slow = Slow()
+    app, _ = app_with(slow)
+    await run_once(app, new_flow_id(), counting([]), convert)
+    assert len(flows_of(app).background) == 1
+    install_ledger(app, MemoryLedger(), token_ttl=60)
+    assert len(flows_of(app).background) == 1
+    await settle()
+    assert slow.stored.is_set() and not flows_of(app).background
+
+
 class RetriedReply:
     """A Redis client whose first reply to each SET is lost and the command sent again,
     as redis-py does on a timeout by default: the write lands, and the caller gets
@@ -491,9 +532,9 @@ async def test_claims_left_by_an_outage_are_released_by_one_task_one_at_a_time()
     for flow in flows:
         with pytest.raises(FlowUnavailable):
             await run_once(app, flow, counting([]), convert)
-    from mcpfleet.once import _STORING
+    from mcpfleet.once._flows import flows_of
 
-    assert len(_STORING) == 1, "one release task for every claim left"
+    assert len(flows_of(app).background) == 1, "one release task for every claim left"
     await asyncio.sleep(0.3)
     ledger.down = False
     await settle()
