@@ -258,6 +258,62 @@ def test_the_engines_snapshots_are_scrubbed_before_its_codec_encodes_them() -> N
     assert json.loads(codec.decode(stored))["owning_tool_name"] == "double"
 
 
+@pytest.mark.tasks
+def test_the_engine_hooks_are_installed_once_and_report_to_the_last_wired_replica() -> None:
+    """Wiring a second app replaces nothing twice; the hooks then report to its replica
+    (the first one's sealer no longer seals), and detached they pass the engine's own
+    codec through, still scrubbing."""
+    pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make test-tasks")
+    import importlib
+
+    from fastmcp import FastMCP
+    from fastmcp_tasks import TasksExtension
+
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.tasks import RingSnapshotCodec, wire_tasks
+    from mcpfleet.tasks._engine_hooks import ENGINE_HOOKS
+
+    extension = importlib.import_module("fastmcp_tasks.extension")
+    context = importlib.import_module("fastmcp_tasks.context")
+    components = importlib.import_module("fastmcp_tasks.components")
+    handlers = importlib.import_module("fastmcp_tasks.handlers")
+
+    def replaced() -> tuple[object, ...]:
+        return (
+            extension.create_task,
+            context.snapshot_codec,
+            components.reentrant_task_fn,
+            handlers.mark_cancelled,
+            context.restore_task_snapshot,
+            context.TaskContextSnapshot.save,
+            handlers.refresh_snapshot_ttl,
+        )
+
+    def app() -> FastMCP:
+        server = FastMCP("with-tasks")
+        server.add_extension(TasksExtension())
+        return server
+
+    queue = FleetQueue("mcpfleet:t:tasks", "memory://", None, "r0", 5, 2)
+    ring = KeyRing.generate()
+    sealer = RingSnapshotCodec(lambda: ring)
+    first = wire_tasks(app(), queue, sealer=sealer)
+    try:
+        hooks = replaced()
+        assert all(getattr(hook, "_mcpfleet_hook", False) for hook in hooks)
+        assert ENGINE_HOOKS.fleet is first
+        assert context.snapshot_codec().inner is sealer
+        second = wire_tasks(app(), queue)
+        assert replaced() == hooks, "no engine function is wrapped twice"
+        assert second is not None and ENGINE_HOOKS.fleet is second
+        assert context.snapshot_codec().inner is not sealer
+    finally:
+        ENGINE_HOOKS.detach()
+    assert ENGINE_HOOKS.fleet is None
+    codec = context.snapshot_codec()
+    assert codec.inner is not sealer and BEARER not in codec.encode(snapshot())
+
+
 async def test_a_bounded_call_answers_within_its_deadline_saying_the_outcome_is_unknown() -> None:
     import asyncio
 
@@ -280,13 +336,13 @@ async def test_a_bounded_call_answers_within_its_deadline_saying_the_outcome_is_
 
 
 def test_a_tasks_tool_is_named_from_its_component_key() -> None:
-    from mcpfleet.tasks import _tool_of, _tool_of_key
+    from mcpfleet.tasks._fleet import tool_of, tool_of_key
 
-    assert _tool_of("tool:double@") == "double"
-    assert _tool_of("tool:report@1.2") == "report"
-    assert _tool_of("tool:a:b@") == "a:b"
-    assert _tool_of("") == "other"
-    assert _tool_of_key("not a task key") == "other"
+    assert tool_of("tool:double@") == "double"
+    assert tool_of("tool:report@1.2") == "report"
+    assert tool_of("tool:a:b@") == "a:b"
+    assert tool_of("") == "other"
+    assert tool_of_key("not a task key") == "other"
 
 
 def test_task_tool_labels_are_bounded() -> None:
