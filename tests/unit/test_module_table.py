@@ -1,9 +1,10 @@
 """The module table of docs/architecture.md ("## Modules") names every module, and only
-modules that exist."""
+modules that exist; its drawing of the layers is the import contract's."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,43 @@ def test_a_module_left_out_of_the_table_is_seen() -> None:
 @pytest.mark.parametrize("stale", ["keyring", "keydir", "routetable", "devfleet", "routing"])
 def test_a_name_from_before_the_packages_fails_the_check(stale: str) -> None:
     assert module_file(stale) is None
+
+
+# ------------------------------------------------- the drawing of the layers, against the contract
+
+DIAGRAM_WIDTH = 64  # the mcpfleet column of the drawing; the operator's starts here
+
+
+def drawn_layers(doc: str) -> list[set[str]]:
+    """The names in each box row of the mcpfleet column of the drawing, top down: one
+    set per layer (a layer's boxes open on one line, ``┌``, and close on one, ``└``)."""
+    block = doc.split("\n## Layered layout\n", 1)[1].split("```", 2)[1]
+    layers: list[set[str]] = []
+    inside = False
+    for line in block.splitlines():
+        left = line[13:DIAGRAM_WIDTH]
+        left = left[: max(left.rfind(c) for c in "│┤┐┘") + 1]  # the boxes, not the arrows
+        if "┌" in left and not inside:
+            layers.append(set())
+            inside = True
+        elif "└" in left:
+            inside = False
+        elif inside:
+            # A box's own name: the first word in each cell; "(serve router ...)" annotates.
+            text = re.sub(r"\([^)]*\)", " ", left)
+            layers[-1] |= {cell.split()[0] for cell in re.split(r"[│├┤─]+", text) if cell.split()}
+    return layers
+
+
+def contract_layers() -> list[set[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["id"] == "server-layers"]
+    return [set(re.split(r"\s*[|:]\s*", layer)) for layer in contract["layers"]]
+
+
+def test_the_drawing_shows_the_layers_of_the_contract_in_its_order() -> None:
+    drawn = drawn_layers(DOC.read_text())
+    expected = contract_layers()
+    # The drawing boxes cli and commands in one frame: one layer each in the contract.
+    merged = [expected[0] | expected[1], *expected[2:]]
+    assert drawn == merged
