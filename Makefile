@@ -91,11 +91,14 @@ NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter ki
 # the tasks tests, and the e2e tier follow. The three pytest selections of .venv
 # are disjoint and together every test (tests/conftest.py marks each by folder).
 CHEAP_TIERS := unit or packaging or rigs
+# Each stage's log ends with its slowest tests (set up, call and teardown each),
+# so a run shows where its time went.
+DURATIONS ?= --durations=15 --durations-min=5
 test: venv lint typecheck test-unit venv-tasks deps bench-deps tools conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs, cheapest first: lint, typecheck, the unit tiers, the process tiers, control plane and node, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
-	$(PY) -m pytest tests --ignore=tests/e2e -m "not ($(CHEAP_TIERS) or controlplane or node)"
-	$(PY) -m pytest tests --ignore=tests/e2e -m "(controlplane or node) and not ($(CHEAP_TIERS))"
-	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
-	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
+	$(PY) -m pytest tests --ignore=tests/e2e -m "not ($(CHEAP_TIERS) or controlplane or node)" $(DURATIONS)
+	$(PY) -m pytest tests --ignore=tests/e2e -m "(controlplane or node) and not ($(CHEAP_TIERS))" $(DURATIONS)
+	$(TASKS_VENV)/bin/python -m pytest tests -m tasks $(DURATIONS)
+	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER) $(DURATIONS)
 
 test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs"): nothing to build or start
 	$(PY) -m pytest tests -m "$(CHEAP_TIERS)"
