@@ -196,7 +196,7 @@ cluster-down: venv ## the cluster of make cluster-up stopped, the machine as it 
 # `loaded: <name>`.
 node-load: venv ## an image of yours into the running local node (IMAGE=<name>)
 	@test -n "$(IMAGE)" || { echo "make node-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
-	PYTHONPATH=hack/devkit $(PY) -m fleetkit.nodeload $(IMAGE)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster.nodeload $(IMAGE)
 
 # A kind cluster (1 control plane + 2 workers) on a node image made here from the
 # hack/tools pins (hack/kind/node-image.sh, no registry): Docker where it answers,
@@ -212,17 +212,17 @@ kind-image: ## the kind node image, built here from the pins with no registry
 KIND_CLUSTER ?= mcpfleet
 kind-up: venv image ## a kind cluster (1 control plane, 2 workers) with the project's images loaded
 	bash hack/ensure-debs.sh kind node
-	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind up --name $(KIND_CLUSTER)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster.kind up --name $(KIND_CLUSTER)
 
 # IMAGE=localhost/myapp:1 [KIND_CLUSTER=name]: an image from buildah/podman's
 # (or Docker's) local storage into every node of the kind cluster; prints
 # `loaded: <name>`.
 kind-load: venv ## an image of yours into every node of the kind cluster (IMAGE=<name>)
 	@test -n "$(IMAGE)" || { echo "make kind-load IMAGE=<name>, e.g. IMAGE=localhost/myapp:1" >&2; exit 2; }
-	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind load $(IMAGE) --name $(KIND_CLUSTER)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster.kind load $(IMAGE) --name $(KIND_CLUSTER)
 
 kind-down: venv ## the kind cluster deleted, the machine put back
-	PYTHONPATH=hack/devkit $(PY) -m fleetkit.kind down --name $(KIND_CLUSTER)
+	PYTHONPATH=hack/devkit $(PY) -m fleetkit.cluster.kind down --name $(KIND_CLUSTER)
 
 
 clean: ## the venv and the build outputs removed

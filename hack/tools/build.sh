@@ -124,7 +124,7 @@ done
 
 # Source only, nothing to build: the Kubernetes OpenAPI document (in the
 # k8s.io/kubernetes module the tools above come from) and the prometheus-operator
-# CRD YAML, from which hack/devkit/fleetkit/chartkit.py makes kubeconform's schemas.
+# CRD YAML, from which hack/devkit/fleetkit/cluster/chartkit.py makes kubeconform's schemas.
 if [[ $# -eq 0 ]]; then
 	(cd "$here" && go mod download k8s.io/kubernetes) || failed+=("k8s.io/kubernetes (download)")
 	(cd "$here/prometheus-operator" && go mod download github.com/prometheus-operator/prometheus-operator) ||

@@ -7,7 +7,7 @@ update carries the resourceVersion that was read, so a write based on a
 stale read (another operator, a person with kubectl, a second rotation) is
 refused by the API server with 409 instead of silently losing a key.
 
-Used by the operator's handlers and by the test rig (``fleetkit.cpfleet``),
+Used by the operator's handlers and by the test rig (``fleetkit.cluster.cpfleet``),
 with any ``kubernetes`` API client: the rights it needs are ``get``,
 ``create`` and ``update`` on Secrets.
 """

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit.conformance import (
+from fleetkit.conformance.modern import ASKING, ASKING_CALLS
+from fleetkit.conformance.suite import (
     EXPECTED,
     TARGETS,
     Report,
@@ -31,7 +32,6 @@ from fleetkit.conformance import (
     run_all,
     table,
 )
-from fleetkit.conformance_modern import ASKING, ASKING_CALLS
 from fleetkit.fleet import require_redis
 
 # Three suite runs of ~10 s each on an idle machine, plus the fleet's start.

@@ -4,7 +4,7 @@ The pre-release of the suite that has them (pinned in ``hack/conformance/tasks/`
 installed by ``make conformance-tasks-suite``, a prerequisite of ``make test``
 and ``make test-tasks``) runs every ``tasks-*`` server scenario against one
 replica alone and through the router of three replicas sharing one queue (see
-``fleetkit.conformance_tasks``), both serving ``fleetkit.taskconfapp`` on
+``fleetkit.conformance.tasks``), both serving ``fleetkit.apps.taskconfapp`` on
 FastMCP's tasks engine. Runs with the tasks tests (marker ``tasks``, in
 ``.venv-tasks``); without the suite it skips, and with ``CI=true`` it fails.
 """
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetkit.conformance import SuiteMissing
-from fleetkit.conformance_tasks import (
+from fleetkit.conformance.suite import SuiteMissing
+from fleetkit.conformance.tasks import (
     EXPECTED,
     TARGETS,
     TasksReport,

@@ -1,6 +1,6 @@
 """Fixtures of the control-plane tier: one real etcd + kube-apiserver per session.
 
-The building blocks live in :mod:`fleetkit.controlplane` so that any other
+The building blocks live in :mod:`fleetkit.cluster.controlplane` so that any other
 tier's conftest can build the same fixtures.
 """
 
@@ -11,13 +11,13 @@ from collections.abc import Generator, Iterator
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import (
+from fleetkit.cluster.controlplane import (
     ControlPlane,
     require_tools,
     session_control_plane,
     temporary_namespace,
 )
-from fleetkit.helm import Helm
+from fleetkit.cluster.helm import Helm
 
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import ControlPlane, pinned_version, wait_for
+from fleetkit.cluster.controlplane import ControlPlane, pinned_version, wait_for
 
 pytestmark = pytest.mark.controlplane
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetkit import chartkit
-from fleetkit.controlplane import require_tools
-from fleetkit.helm import Helm, HelmError
+from fleetkit.cluster import chartkit
+from fleetkit.cluster.controlplane import require_tools
+from fleetkit.cluster.helm import Helm, HelmError
 from mcpfleet.contract import RedisKeys
 
 pytestmark = pytest.mark.timeout(300)
@@ -654,7 +654,7 @@ def test_the_redis_init_container_makes_an_acl_redis_loads_with_hashed_passwords
 
     import redis as redislib
 
-    from fleetkit.controlplane import free_port, wait_for
+    from fleetkit.cluster.controlplane import free_port, wait_for
 
     passwords = {
         "replica": pysecrets.token_urlsafe(24) + "\n",  # kubectl create secret --from-file

@@ -1,7 +1,7 @@
 """The fleet scenarios on the control-plane backend: the key ring in a real Secret.
 
 The very scenarios the fleet tier runs on local processes (``fleetkit.scenarios``)
-run here on :class:`~fleetkit.cpfleet.ControlPlaneFleet`: each replica reads its
+run here on :class:`~fleetkit.cluster.cpfleet.ControlPlaneFleet`: each replica reads its
 own kubelet-style volume of the Secret, and the rotation is done by updating the
 Secret through the API. One fleet serves the module (starting replicas is what
 costs on two cores); its request-state tokens live ``STATE_TTL`` seconds so the
@@ -18,17 +18,17 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit import scenarios
-from fleetkit.controlplane import LOOPBACK, ControlPlane, temporary_namespace, wait_for
-from fleetkit.cpfleet import (
+from fleetkit.cluster.controlplane import LOOPBACK, ControlPlane, temporary_namespace, wait_for
+from fleetkit.cluster.cpfleet import (
     KEYS_MODE,
     SERVER_COMPONENT,
     ControlPlaneFleet,
     control_plane_fleet,
     cp_diagnostics,
 )
+from fleetkit.cluster.kubelet_secret import DATA_DIR
 from fleetkit.failure import explain_on_failure
 from fleetkit.fleet import FleetOptions
-from fleetkit.kubelet_secret import DATA_DIR
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_FILE, KEYRING_LABEL
 from mcpfleet.keys.files import read_ring
 

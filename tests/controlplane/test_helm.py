@@ -9,8 +9,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import pinned_version
-from fleetkit.helm import Helm, HelmError
+from fleetkit.cluster.controlplane import pinned_version
+from fleetkit.cluster.helm import Helm, HelmError
 
 pytestmark = pytest.mark.controlplane
 

@@ -22,9 +22,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from redis.exceptions import NoPermissionError
 
-from fleetkit.controlplane import ControlPlane, temporary_namespace, wait_for
-from fleetkit.helm import Helm
-from fleetkit.operatorkit import (
+from fleetkit.cluster.controlplane import ControlPlane, temporary_namespace, wait_for
+from fleetkit.cluster.helm import Helm
+from fleetkit.cluster.operatorkit import (
     CHART,
     OPERATOR_ACCOUNT,
     READER,

@@ -28,10 +28,10 @@ import redis
 from kubernetes import client as k8s
 
 from fleetkit import scenarios
-from fleetkit.controlplane import ControlPlane, temporary_namespace, wait_for
-from fleetkit.cpfleet import cp_diagnostics
-from fleetkit.helm import Helm
-from fleetkit.operatorkit import (
+from fleetkit.cluster.controlplane import ControlPlane, temporary_namespace, wait_for
+from fleetkit.cluster.cpfleet import cp_diagnostics
+from fleetkit.cluster.helm import Helm
+from fleetkit.cluster.operatorkit import (
     PEERING,
     OperatorEnv,
     RotationRecorder,

@@ -3,7 +3,7 @@
 Everything is the real thing: a kube-apiserver with the chart's CRDs and
 operator RBAC, ``mcpfleet operator`` under the chart's ServiceAccount, a
 Redis where every component is its own ACL user (the operator's read-only),
-three replicas of ``fleetkit.taskapp`` with ``--tasks-encrypt``, each reading
+three replicas of ``fleetkit.apps.taskapp`` with ``--tasks-encrypt``, each reading
 the key ring from its own kubelet-style volume of the Secret the operator
 writes, and the router. The KeyRotation is created through the API while 50
 tasks sealed under the old key wait and run, and one is parked asking for
@@ -27,12 +27,12 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetkit.controlplane import ControlPlane, temporary_namespace, wait_for
-from fleetkit.cpfleet import cp_diagnostics
-from fleetkit.helm import Helm
-from fleetkit.operatorkit import OperatorEnv, RotationRecorder, operator_env, ring_body_for
+from fleetkit.clients.taskwire import FINAL, create, task
+from fleetkit.cluster.controlplane import ControlPlane, temporary_namespace, wait_for
+from fleetkit.cluster.cpfleet import cp_diagnostics
+from fleetkit.cluster.helm import Helm
+from fleetkit.cluster.operatorkit import OperatorEnv, RotationRecorder, operator_env, ring_body_for
 from fleetkit.redisrig import RedisServer, acl_log
-from fleetkit.taskwire import FINAL, create, task
 from mcpfleet.contract import RedisKeys
 from mcpfleet_operator.api import KEYRINGS
 
@@ -40,7 +40,7 @@ pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make venv-tasks,
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.tasks]
 
-APP = "fleetkit.taskapp:app"
+APP = "fleetkit.apps.taskapp:app"
 #: Token TTL (the replicas' --state-ttl and the KeyRing's tokenTTL), seconds.
 STATE_TTL = 1
 RING = "keys"

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import ControlPlane
-from fleetkit.rbac import service_account_with_rules
+from fleetkit.cluster.controlplane import ControlPlane
+from fleetkit.cluster.rbac import service_account_with_rules
 
 pytestmark = pytest.mark.controlplane
 

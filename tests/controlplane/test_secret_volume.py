@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import ControlPlane, wait_for
-from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer, read_snapshot
-from fleetkit.rbac import service_account_with_rules
+from fleetkit.cluster.controlplane import ControlPlane, wait_for
+from fleetkit.cluster.kubelet_secret import DATA_DIR, SecretVolumeSyncer, read_snapshot
+from fleetkit.cluster.rbac import service_account_with_rules
 
 pytestmark = pytest.mark.controlplane
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import OPTIONAL_TOOLS, ControlPlane, require_tools, wait_for
-from fleetkit.pods import make_pod_ready
+from fleetkit.cluster.controlplane import OPTIONAL_TOOLS, ControlPlane, require_tools, wait_for
+from fleetkit.cluster.pods import make_pod_ready
 
 pytestmark = pytest.mark.controlplane
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit.chartfleet import ChartFleet
+from fleetkit.cluster.chartfleet import ChartFleet
+from fleetkit.cluster.providers import Cluster, cluster, unavailable
 from fleetkit.failure import explain_on_failure
-from fleetkit.providers import Cluster, cluster, unavailable
 
 HERE = Path(__file__).resolve().parent
 

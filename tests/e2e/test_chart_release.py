@@ -3,7 +3,7 @@
 The tests run in order on one release (one install per module: a node and an
 install cost about a minute). Traffic comes from this machine through the
 router Service, as any client's would. Each scenario is the shared one of
-``fleetkit.scenarios``, run here on :class:`~fleetkit.chartfleet.ChartFleet`.
+``fleetkit.scenarios``, run here on :class:`~fleetkit.cluster.chartfleet.ChartFleet`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit import scenarios
-from fleetkit.chartfleet import GROUP, VERSION, ChartFleet, ready
-from fleetkit.controlplane import wait_for
-from fleetkit.providers import Cluster
-from fleetkit.rawsession import bounded, open_sessions
+from fleetkit.clients.rawsession import bounded, open_sessions
+from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet, ready
+from fleetkit.cluster.controlplane import wait_for
+from fleetkit.cluster.providers import Cluster
 from mcpfleet.client import Trace, connect
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
 

@@ -5,7 +5,7 @@ second cluster is made): it finds the cluster through ``make kind-up``, prints
 the ``export KUBECONFIG=...`` line first, installs the chart and passes its
 ``helm test``, whose Pod the chart deletes once it succeeded. Its counterpart,
 ``deploy/kind/down.sh``, is how the tier deletes the cluster at the end
-(:func:`fleetkit.providers.kind_cluster`), checked there to exit 0 and leave the
+(:func:`fleetkit.cluster.providers.kind_cluster`), checked there to exit 0 and leave the
 machine as it found it.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetkit.controlplane import tools_bin_dir
-from fleetkit.providers import UP_SCRIPT, Cluster
+from fleetkit.cluster.controlplane import tools_bin_dir
+from fleetkit.cluster.providers import UP_SCRIPT, Cluster
 
 NAMESPACE = "kind-up-sh"
 RELEASE = "upsh"

@@ -30,10 +30,10 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.chartfleet import ChartFleet, ready
-from fleetkit.controlplane import wait_for
-from fleetkit.providers import Cluster
-from fleetkit.traffic import traffic
+from fleetkit.clients.traffic import traffic
+from fleetkit.cluster.chartfleet import ChartFleet, ready
+from fleetkit.cluster.controlplane import wait_for
+from fleetkit.cluster.providers import Cluster
 from mcpfleet.client import Trace, connect
 
 pytestmark = pytest.mark.timeout(1200)

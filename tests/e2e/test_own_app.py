@@ -26,11 +26,12 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from fleetkit import jwtkit, scenarios
-from fleetkit.chartfleet import GROUP, VERSION, ChartFleet
-from fleetkit.chartkit import CHART, OWN_APP_VALUES
-from fleetkit.controlplane import repo_root, tools_bin_dir, wait_for
-from fleetkit.providers import Cluster
+from fleetkit import scenarios
+from fleetkit.clients import jwtkit
+from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet
+from fleetkit.cluster.chartkit import CHART, OWN_APP_VALUES
+from fleetkit.cluster.controlplane import repo_root, tools_bin_dir, wait_for
+from fleetkit.cluster.providers import Cluster
 from mcpfleet.client import Era, Trace, connect
 from mcpfleet.selftest import selftest
 

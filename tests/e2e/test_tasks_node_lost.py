@@ -41,12 +41,12 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit import kind
-from fleetkit.chartfleet import ChartFleet, ready
-from fleetkit.controlplane import wait_for
-from fleetkit.node import Images
-from fleetkit.providers import Cluster
-from fleetkit.taskwire import FINAL, NOT_FOUND, create, task
+from fleetkit.clients.taskwire import FINAL, NOT_FOUND, create, task
+from fleetkit.cluster import kind
+from fleetkit.cluster.chartfleet import ChartFleet, ready
+from fleetkit.cluster.controlplane import wait_for
+from fleetkit.cluster.node import Images
+from fleetkit.cluster.providers import Cluster
 
 pytestmark = pytest.mark.timeout(1200)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from fleetkit.wire import Answer, accept, modern_call
+from fleetkit.clients.wire import Answer, accept, modern_call
 from mcpfleet.once import OUTCOME_UNKNOWN_CODE, RETRY_CODE
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body, response_body
+from fleetkit.clients.wire import MODERN, MODERN_META, accept, initialize_body, response_body
 from mcpfleet.contract import ROUTER_ERROR_HEADER
 
 JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}

@@ -23,9 +23,9 @@ import httpx
 import pytest
 import redis
 
+from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.wire import Answer
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.onceapp import EFFECTS_ENV
-from fleetkit.wire import Answer
 from mcpfleet.contract import HEARTBEAT_TTL, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -45,7 +45,10 @@ def effects(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[LocalFleet]:
     options = FleetOptions(
-        app="fleetkit.onceapp:app", replicas=3, fleet="oncefaults", env={EFFECTS_ENV: str(effects)}
+        app="fleetkit.apps.onceapp:app",
+        replicas=3,
+        fleet="oncefaults",
+        env={EFFECTS_ENV: str(effects)},
     )
     with local_fleet(tmp_path_factory.mktemp("oncefaults"), options) as lf:
         yield lf
@@ -120,7 +123,7 @@ def test_a_token_sealed_with_a_longer_ttl_outlives_the_claim_of_a_shorter_ttl_re
     tmp_path: Path, effects: Path, fault_table: FaultTable, watch_fleet: list[LocalFleet]
 ) -> None:
     options = FleetOptions(
-        app="fleetkit.onceapp:app",
+        app="fleetkit.apps.onceapp:app",
         replicas=1,
         fleet="mixedttl",
         replica_args=("--state-ttl", str(LONG_TTL)),

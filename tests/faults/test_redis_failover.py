@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetkit.clients.wire import initialize_body
 from fleetkit.failover import FLEET, HEADERS, sentinel_fleet
-from fleetkit.wire import initialize_body
 from mcpfleet.client import connect
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.wait import wait_for

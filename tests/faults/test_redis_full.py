@@ -22,9 +22,9 @@ import httpx
 import pytest
 import redis
 
+from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.wire import Answer, initialize_body
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from fleetkit.onceapp import EFFECTS_ENV
-from fleetkit.wire import Answer, initialize_body
 from mcpfleet.contract import HEARTBEAT_TTL, SESSION_HEADER, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -41,7 +41,10 @@ HEADROOM = 4 * 1024 * 1024
 def fleet(tmp_path: Path) -> Iterator[tuple[ProcessFleet, Path]]:
     effects = tmp_path / "effects.log"
     options = FleetOptions(
-        app="fleetkit.onceapp:app", replicas=2, fleet="fullredis", env={EFFECTS_ENV: str(effects)}
+        app="fleetkit.apps.onceapp:app",
+        replicas=2,
+        fleet="fullredis",
+        env={EFFECTS_ENV: str(effects)},
     )
     with local_fleet(tmp_path / "fleet", options) as lf:
         yield lf, effects

@@ -28,9 +28,9 @@ import httpx
 import pytest
 import redis
 
+from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.wire import initialize_body
 from fleetkit.fleet import FleetOptions, require_redis
-from fleetkit.onceapp import EFFECTS_ENV
-from fleetkit.wire import initialize_body
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -188,7 +188,7 @@ def fleets(tmp_path: Path) -> Iterator[list[tuple[LocalFleet, Path]]]:
     for seconds in STALLS:
         effects = tmp_path / f"effects-{seconds:g}.log"
         options = FleetOptions(
-            app="fleetkit.onceapp:app",
+            app="fleetkit.apps.onceapp:app",
             replicas=1,
             fleet=f"stall{int(seconds)}",
             env={EFFECTS_ENV: str(effects)},

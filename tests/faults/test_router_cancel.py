@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fleetkit.faultapp import EFFECTS_ENV
+from fleetkit.apps.faultapp import EFFECTS_ENV
 from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -42,7 +42,9 @@ CANCEL_WITHIN = 0.1
 def cancel_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalFleet, Effects]]:
     workdir = tmp_path_factory.mktemp("cancel")
     effects = workdir / "effects.log"
-    options = FleetOptions(replicas=2, app="fleetkit.faultapp:app", env={EFFECTS_ENV: str(effects)})
+    options = FleetOptions(
+        replicas=2, app="fleetkit.apps.faultapp:app", env={EFFECTS_ENV: str(effects)}
+    )
     with local_fleet(workdir / "fleet", options) as lf:
         yield lf, Effects(effects)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetkit.faultapp import EFFECTS_ENV
+from fleetkit.apps.faultapp import EFFECTS_ENV
 from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 
@@ -35,7 +35,7 @@ def hostile_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFle
     options = FleetOptions(
         replicas=2,
         routers=2,
-        app="fleetkit.faultapp:app",
+        app="fleetkit.apps.faultapp:app",
         env={EFFECTS_ENV: str(workdir / "effects.log")},
     )
     with local_fleet(workdir / "fleet", options) as lf:

@@ -1,6 +1,6 @@
 """A replica SIGKILLed while a tool runs: the router answers, it never re-sends.
 
-The fault app (``fleetkit.faultapp``) records each side effect with the pid
+The fault app (``fleetkit.apps.faultapp``) records each side effect with the pid
 that ran it. Each round sends modern-era plain tool calls, once-flow final
 rounds and handshake-session calls through the router, waits until every one
 of them is running on some replica, then SIGKILLs every replica that holds
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetkit.faultapp import EFFECTS_ENV
+from fleetkit.apps.faultapp import EFFECTS_ENV
 from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -53,7 +53,7 @@ def kill_fleet(
 ) -> Iterator[tuple[LocalFleet, Effects]]:
     effects = tmp_path / "effects.log"
     options = FleetOptions(
-        replicas=REPLICAS, app="fleetkit.faultapp:app", env={EFFECTS_ENV: str(effects)}
+        replicas=REPLICAS, app="fleetkit.apps.faultapp:app", env={EFFECTS_ENV: str(effects)}
     )
     with local_fleet(tmp_path / "fleet", options) as lf:
         watch_fleet.append(lf)

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetkit.faultapp import EFFECTS_ENV
+from fleetkit.apps.faultapp import EFFECTS_ENV
+from fleetkit.clients.rawsession import metric_sum, open_sessions
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.rawsession import metric_sum, open_sessions
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
@@ -41,7 +41,7 @@ def rehome_fleet(
     effects = tmp_path / "effects.log"
     options = FleetOptions(
         fleet="rehome-faults",
-        app="fleetkit.faultapp:app",
+        app="fleetkit.apps.faultapp:app",
         env={EFFECTS_ENV: str(effects)},
         router_args=("--rehome-sessions", "--redis-deadline", str(REDIS_DEADLINE)),
     )

@@ -1,7 +1,7 @@
 """The task queue's Redis master SIGKILLed through Sentinel while tasks are created and run.
 
 The rig is :func:`fleetkit.failover.sentinel_fleet` (a master, its replica, three
-sentinels; down-after 1 s) with two replicas of ``fleetkit.taskapp`` and a
+sentinels; down-after 1 s) with two replicas of ``fleetkit.apps.taskapp`` and a
 router, every component under its own ACL user, the queue reached through
 ``redis+sentinel://``. Tasks are created through the router without pause;
 the master is SIGKILLed; creation goes on until the new master has answered
@@ -25,9 +25,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetkit.clients.taskwire import FINAL, create, task
 from fleetkit.failover import FLEET, sentinel_fleet
 from fleetkit.fleet import FleetOptions
-from fleetkit.taskwire import FINAL, create, task
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import FaultTable
@@ -61,7 +61,7 @@ def test_a_master_killed_while_tasks_are_created_and_run_loses_no_answered_task(
         fleet=FLEET,
         replicas=2,
         routers=1,
-        app="fleetkit.taskapp:app",
+        app="fleetkit.apps.taskapp:app",
         env={EFFECTS_ENV: str(log)},
         replica_args=("--tasks-redelivery", "3"),
     )

@@ -2,7 +2,7 @@
 
 Three replicas of ``ownapp`` (deploy/own-app: ``RemoteAuthProvider`` over a
 ``JWTVerifier`` with the public key from a file) behind the router, tokens for
-alice and bob signed by the tests (:mod:`fleetkit.jwtkit`). The router forwards
+alice and bob signed by the tests (:mod:`fleetkit.clients.jwtkit`). The router forwards
 ``Authorization``; the replicas verify it, bind each handshake-era session to
 the credential that opened it, and bind each request state to its principal.
 """
@@ -19,9 +19,9 @@ import httpx
 import pytest
 from fastmcp import Client
 
+from fleetkit.clients.jwtkit import TokenIssuer
+from fleetkit.clients.wire import Answer, accept, initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.jwtkit import TokenIssuer
-from fleetkit.wire import Answer, accept, initialize_body, modern_call
 from mcpfleet.contract import ROUTER_ERROR_HEADER, SESSION_ENDED_HEADER
 from mcpfleet.dev.fleet import LocalFleet, free_port
 

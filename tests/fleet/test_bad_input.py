@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetkit.wire import modern_call
+from fleetkit.clients.wire import modern_call
 from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import write_ring, write_volume

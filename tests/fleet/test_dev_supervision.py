@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.fleet import require_redis
-from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.dev.fleet import free_port, mcpfleet_argv
 from mcpfleet.dev.wait import wait_for
 

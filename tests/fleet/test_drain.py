@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from fleetkit import scenarios
+from fleetkit.clients.wire import modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.wire import modern_call
 from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for

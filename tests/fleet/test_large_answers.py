@@ -1,6 +1,6 @@
 """Large answers through the router, in both eras and both response modes.
 
-One replica of ``fleetkit.streamapp`` (its ``blob`` tool answers as much text as
+One replica of ``fleetkit.apps.streamapp`` (its ``blob`` tool answers as much text as
 asked) behind one router; a second such fleet whose replica runs FastMCP's JSON
 response mode for every request (``FASTMCP_JSON_RESPONSE``), for the handshake
 era's JSON answers. Each answer size, 20 times in a row on one keep-alive
@@ -20,14 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetkit.blobtext import blob_text
+from fleetkit.apps.blobtext import blob_text
+from fleetkit.clients.wire import MODERN, MODERN_META, response_body
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.wire import MODERN, MODERN_META, response_body
 from mcpfleet.dev.fleet import LocalFleet
 
 from .conftest import shared
 
-APP = "fleetkit.streamapp:app"
+APP = "fleetkit.apps.streamapp:app"
 HANDSHAKE = "2025-11-25"
 KIB = 1024
 #: Answer texts, in characters (the body adds the JSON-RPC envelope, and SSE framing).

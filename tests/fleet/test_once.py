@@ -1,6 +1,6 @@
 """Exactly-once final rounds across a 3-replica fleet with a real Redis.
 
-The test app (``fleetkit.onceapp``) appends a line to a file per run of
+The test app (``fleetkit.apps.onceapp``) appends a line to a file per run of
 ``finish``: every assertion counts side effects, never answers.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.wire import Answer, accept, modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.onceapp import EFFECTS_ENV
-from fleetkit.wire import Answer, accept, modern_call
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.once import ONCE_META_KEY, RETRY_CODE
@@ -35,7 +35,10 @@ def effects(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[LocalFleet]:
     workdir = tmp_path_factory.mktemp("once")
     env = {EFFECTS_ENV: str(effects)}
-    with local_fleet(workdir, FleetOptions(app="fleetkit.onceapp:app", env=env)) as lf, shared(lf):
+    with (
+        local_fleet(workdir, FleetOptions(app="fleetkit.apps.onceapp:app", env=env)) as lf,
+        shared(lf),
+    ):
         yield lf
 
 

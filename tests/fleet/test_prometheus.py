@@ -28,8 +28,8 @@ from fastmcp.exceptions import ToolError
 from mcp_types import ElicitResult
 
 from fleetkit import monitoring, scenarios
+from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.wire import initialize_body, modern_call
 from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.localprom import LocalPrometheus

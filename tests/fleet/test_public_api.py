@@ -19,7 +19,7 @@ EXPECTED = "atlas 2026-12-24 held with 45 sign-offs"
 @pytest.fixture(scope="module")
 def public_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     workdir = tmp_path_factory.mktemp("public")
-    with local_fleet(workdir, FleetOptions(app="fleetkit.publicapp:app")) as lf, shared(lf):
+    with local_fleet(workdir, FleetOptions(app="fleetkit.apps.publicapp:app")) as lf, shared(lf):
         yield lf
 
 

@@ -24,9 +24,9 @@ import redis
 from redis.exceptions import NoPermissionError
 
 from fleetkit import scenarios
+from fleetkit.clients.wire import initialize_body
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer, acl_log, redis_fleet
-from fleetkit.wire import initialize_body
 from mcpfleet import redisconn
 from mcpfleet.contract import REDIS_COMPONENTS, SESSION_HEADER, RedisKeys
 from mcpfleet.dev.wait import wait_for

@@ -1,6 +1,6 @@
 """Session re-homing (router ``--rehome-sessions``, docs/rehome.md) with real processes.
 
-Clients here never re-initialize (:mod:`fleetkit.rawsession`): they keep their
+Clients here never re-initialize (:mod:`fleetkit.clients.rawsession`): they keep their
 ``Mcp-Session-Id`` whatever happens. An idle session whose replica is gone
 (drained in a rolling restart, or SIGKILLed) answers its next request on its
 old id through a live replica; a session with an elicitation pending when its
@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetkit.clients.jwtkit import TokenIssuer
+from fleetkit.clients.rawsession import RawSession, bounded, metric_sum, open_sessions
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.jwtkit import TokenIssuer
-from fleetkit.rawsession import RawSession, bounded, metric_sum, open_sessions
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
 

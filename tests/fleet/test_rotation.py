@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fleetkit import scenarios
+from fleetkit.clients.wire import accept, modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.wire import accept, modern_call
 from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
 from mcpfleet.dev.wait import wait_for
 

@@ -24,8 +24,8 @@ import httpx
 import pytest
 import redis
 
+from fleetkit.clients.wire import initialize_body
 from fleetkit.fleet import FleetOptions, local_fleet, require_redis
-from fleetkit.wire import initialize_body
 from mcpfleet.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
@@ -287,7 +287,7 @@ async def test_a_client_cannot_set_the_headers_only_fleet_components_set(
 @pytest.fixture
 def crash_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
     with (
-        local_fleet(tmp_path, FleetOptions(replicas=2, app="fleetkit.streamapp:app")) as lf,
+        local_fleet(tmp_path, FleetOptions(replicas=2, app="fleetkit.apps.streamapp:app")) as lf,
         watched(request, lf),
     ):
         yield lf
@@ -357,7 +357,7 @@ def impatient_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalF
         tmp_path_factory.mktemp("impatient"),
         FleetOptions(
             replicas=1,
-            app="fleetkit.streamapp:app",
+            app="fleetkit.apps.streamapp:app",
             router_args=("--header-timeout", "1", "--body-timeout", "1"),
         ),
     ) as lf:

@@ -16,9 +16,9 @@ import httpx2
 import pytest
 import redis
 
+from fleetkit.clients.traffic import Traffic
+from fleetkit.clients.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.traffic import Traffic
-from fleetkit.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
 from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet

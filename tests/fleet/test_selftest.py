@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.fleet import DEVKIT_DIR, FleetOptions, ProcessFleet, diagnostics, local_fleet, running
-from fleetkit.jwtkit import TokenIssuer
 from mcpfleet.selftest import metadata_url, selftest
 
 VENV_BIN = Path(sys.executable).parent
@@ -47,7 +47,9 @@ async def test_selftest_fails_when_the_fleet_does_not_answer(fleet: ProcessFleet
 
 
 async def test_selftest_with_another_app_lists_its_tools(tmp_path: Path) -> None:
-    with local_fleet(tmp_path, FleetOptions(replicas=1, app="fleetkit.streamapp:app")) as other:
+    with local_fleet(
+        tmp_path, FleetOptions(replicas=1, app="fleetkit.apps.streamapp:app")
+    ) as other:
         lines: list[str] = []
         assert await selftest(other.url, lines.append) == 0, lines
     assert all(" ok, initialize and tools/list " in line for line in lines), lines

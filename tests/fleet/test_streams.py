@@ -11,15 +11,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from fleetkit.clients.wire import MODERN, MODERN_META
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
 
-STREAM_APP = "fleetkit.streamapp:app"
+STREAM_APP = "fleetkit.apps.streamapp:app"
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """MCP tasks (SEP-2663) across the replicas: one queue, any replica, owned by their user.
 
-Three replicas of ``fleetkit.taskapp`` (an app written for FastMCP's tasks
+Three replicas of ``fleetkit.apps.taskapp`` (an app written for FastMCP's tasks
 engine, unchanged) behind the router, with JWT auth (alice and bob, tokens
-from :mod:`fleetkit.jwtkit`). Each task is created through the router and
+from :mod:`fleetkit.clients.jwtkit`). Each task is created through the router and
 its first ``tasks/get`` forced onto a replica other than the one that
 created it. A replica SIGKILLed while its worker runs tasks has a fleet of
 its own. Runs where the [tasks] extra is installed (``make test-tasks``).
@@ -26,11 +26,11 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetkit import monitoring
-from fleetkit.blobtext import blob_text
+from fleetkit.apps.blobtext import blob_text
+from fleetkit.clients.jwtkit import TokenIssuer
+from fleetkit.clients.taskwire import FINAL, HEADER_MISMATCH, NOT_FOUND, create, rpc, task
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.jwtkit import TokenIssuer
 from fleetkit.redisrig import RedisServer, acl_log, redis_fleet
-from fleetkit.taskwire import FINAL, HEADER_MISMATCH, NOT_FOUND, create, rpc, task
 from mcpfleet.contract import RedisKeys
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
@@ -44,7 +44,7 @@ pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make venv-tasks,
 
 pytestmark = [pytest.mark.fleet, pytest.mark.tasks]
 
-APP = "fleetkit.taskapp:app"
+APP = "fleetkit.apps.taskapp:app"
 #: Tasks created in the spread scenario (the issue's figure).
 SPREAD = 200
 #: Replicas SIGKILLed in a row while their workers run tasks (the issue's figure).

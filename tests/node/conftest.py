@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from fleetkit.cluster.node import Node, require_node, running_node
 from fleetkit.failure import explain_on_failure
-from fleetkit.node import Node, require_node, running_node
 
 #: Starting a node (control plane, containerd, image import, kubelet) on two busy
 #: cores takes a minute or two; a module's first test pays for it.

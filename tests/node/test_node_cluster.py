@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit import node_host
-from fleetkit.controlplane import temporary_namespace, wait_for
-from fleetkit.node import (
+from fleetkit.cluster import node_host
+from fleetkit.cluster.controlplane import temporary_namespace, wait_for
+from fleetkit.cluster.node import (
     BRIDGE,
     CGROUP_ROOT,
     NODE_NAME,

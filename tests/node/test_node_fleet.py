@@ -1,7 +1,7 @@
 """The fleet scenarios on real pods: a Deployment of the real image on a real kubelet.
 
 The very scenarios the fleet and control-plane tiers run (``fleetkit.scenarios``)
-run here on :class:`~fleetkit.nodefleet.NodeFleet`, plus what only a node can
+run here on :class:`~fleetkit.cluster.nodefleet.NodeFleet`, plus what only a node can
 show: the kubelet's SIGTERM draining a pod that owns sessions, a killed
 container, and the key ring reaching every replica through the Secret volume
 after a rotation step (the pods nudged by annotation, as the operator does).
@@ -19,10 +19,9 @@ import httpx
 import pytest
 
 from fleetkit import scenarios
-from fleetkit.controlplane import temporary_namespace, wait_for
-from fleetkit.failure import explain_on_failure
-from fleetkit.node import Node
-from fleetkit.nodefleet import (
+from fleetkit.cluster.controlplane import temporary_namespace, wait_for
+from fleetkit.cluster.node import Node
+from fleetkit.cluster.nodefleet import (
     GRACE_SECONDS,
     KEYS_MODE,
     KEYS_MOUNT,
@@ -30,6 +29,7 @@ from fleetkit.nodefleet import (
     node_diagnostics,
     node_fleet,
 )
+from fleetkit.failure import explain_on_failure
 from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
 

@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from fleetkit import node_host
-from fleetkit.controlplane import wait_for
-from fleetkit.node import BRIDGE, CGROUP_ROOT, POINTER, Node, _cgroup_hierarchies, require_node
+from fleetkit.cluster import node_host
+from fleetkit.cluster.controlplane import wait_for
+from fleetkit.cluster.node import (
+    BRIDGE,
+    CGROUP_ROOT,
+    POINTER,
+    Node,
+    _cgroup_hierarchies,
+    require_node,
+)
 
 from .conftest import NODE_START_TIMEOUT
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleetkit.wire import modern_call
+from fleetkit.clients.wire import modern_call
 from mcpfleet.dev.fleet import free_port
 from mcpfleet.dev.wait import wait_for
 

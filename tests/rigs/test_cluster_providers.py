@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetkit.kind import KindSetup, kind_binary, route_commands, service_subnet
-from fleetkit.providers import (
+from fleetkit.cluster.kind import KindSetup, kind_binary, route_commands, service_subnet
+from fleetkit.cluster.providers import (
     KIND_CONFIG,
     KIND_ROUTER_IPS,
     LOCAL_ROUTER_IPS,

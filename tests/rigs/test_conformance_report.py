@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fleetkit.conformance import (
+from fleetkit.conformance.modern import ModernResult, modern_table, suite_answer
+from fleetkit.conformance.suite import (
     EXPECTED,
     Report,
     expected_from,
@@ -18,7 +19,6 @@ from fleetkit.conformance import (
     reasons_missing,
     table,
 )
-from fleetkit.conformance_modern import ModernResult, modern_table, suite_answer
 
 LIST_OUTPUT = """Server scenarios (test against a server):
   - server-initialize [2025-06-18,2025-11-25]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fleetkit.conformance_tasks import (
+from fleetkit.conformance.tasks import (
     PINS,
     TasksReport,
     counts,

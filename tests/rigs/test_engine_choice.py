@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit import kind
+from fleetkit.cluster import kind
 
 ROOT = Path(__file__).resolve().parents[2]
 ENSURE_DEBS = ROOT / "hack" / "ensure-debs.sh"

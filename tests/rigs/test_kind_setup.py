@@ -1,4 +1,4 @@
-"""fleetkit.kind without a cluster: command lines, engine environment, the config."""
+"""fleetkit.cluster.kind without a cluster: command lines, engine environment, the config."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetkit.controlplane import repo_root
-from fleetkit.kind import (
+from fleetkit.cluster.controlplane import repo_root
+from fleetkit.cluster.kind import (
     CONFIG,
     NETWORK,
     KindSetup,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetkit.node_host import (
+from fleetkit.cluster.node_host import (
     dirs_undo,
     iptables_undo,
     links_undo,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetkit import nodeload
+from fleetkit.cluster import nodeload
 
 
 def test_buildah_and_podman_export_a_docker_archive_that_keeps_the_name() -> None:

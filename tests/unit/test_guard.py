@@ -11,7 +11,7 @@ from fastmcp.exceptions import ToolError
 from mcp_types import ElicitResult, InputRequiredResult
 
 import mcpfleet
-from fleetkit.publicapp import app
+from fleetkit.apps.publicapp import app
 from mcpfleet import Outcome, Question, ask_then, first_missing, is_modern
 
 ERAS = ["auto", "legacy"]

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from fleetkit.wire import accept, modern_call
+from fleetkit.clients.wire import accept, modern_call
 from mcpfleet.keys.files import write_ring, write_volume
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.replica.metrics import REJECTION_REASONS, rejection_label

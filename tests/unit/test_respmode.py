@@ -13,7 +13,7 @@ import pytest
 from fastmcp import Context, FastMCP
 from starlette.types import Message, Receive, Scope, Send
 
-from fleetkit.wire import MODERN, MODERN_META, initialize_body, response_body
+from fleetkit.clients.wire import MODERN, MODERN_META, initialize_body, response_body
 from mcpfleet.replica.respmode import ResponseModes, _cancelled_on_disconnect, may_stream
 
 HEADERS = {

@@ -1,7 +1,7 @@
 """``make bench``'s answer-size rows: the router's CPU per round for a 1 MiB answer
 beside a 1 KiB one.
 
-One replica of ``fleetkit.streamapp`` (whose ``blob`` tool answers as many
+One replica of ``fleetkit.apps.streamapp`` (whose ``blob`` tool answers as many
 characters of text as asked) behind one router. One client sends modern
 (2026-07-28) ``tools/call`` rounds of ``blob`` through the router, in slices
 that take turns between the two sizes (the order rotates every slice, so
@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 
 from benchkit.roundcost import cpu_ns
-from fleetkit.blobtext import blob_text
+from fleetkit.apps.blobtext import blob_text
+from fleetkit.clients.wire import MODERN, MODERN_META
 from fleetkit.fleet import FleetOptions, local_fleet
-from fleetkit.wire import MODERN, MODERN_META
 
 Row = tuple[str, str, str, str]
 KIB = 1024
@@ -81,7 +81,7 @@ def measure(url: str, router_pid: int, slices: int) -> dict[int, tuple[int, int,
 
 def answer_size_rows(quick: bool) -> list[Row]:
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-answers-"))
-    options = FleetOptions(replicas=1, app="fleetkit.streamapp:app", fleet="answers")
+    options = FleetOptions(replicas=1, app="fleetkit.apps.streamapp:app", fleet="answers")
     try:
         with local_fleet(work, options) as lf:
             popen = lf.router_procs[0].popen

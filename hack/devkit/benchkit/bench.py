@@ -31,8 +31,8 @@ from benchkit.nginx import start_nginx
 from benchkit.profilebench import router_cpu_rows
 from benchkit.table import Row, render
 from benchkit.targets import Figures, target_rows
+from fleetkit.clients.wire import MODERN, MODERN_META, initialize_body
 from fleetkit.fleet import ProcessFleet
-from fleetkit.wire import MODERN, MODERN_META, initialize_body
 from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for

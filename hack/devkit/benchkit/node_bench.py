@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleetkit.controlplane import temporary_namespace
-from fleetkit.node import Node, node_missing
-from fleetkit.nodefleet import NodeFleet, node_fleet
+from fleetkit.cluster.controlplane import temporary_namespace
+from fleetkit.cluster.node import Node, node_missing
+from fleetkit.cluster.nodefleet import NodeFleet, node_fleet
 
 Row = tuple[str, str, str, str]
 

@@ -1,6 +1,6 @@
 """``make bench``'s rows for exactly-once final rounds: what ``once=True`` costs.
 
-One replica of ``fleetkit.onceapp`` with its Redis; the same one-question flow
+One replica of ``fleetkit.apps.onceapp`` with its Redis; the same one-question flow
 with ``once`` (``charge``) and without (``charge_plain``), final rounds timed
 alternately (which goes first alternates too) so both see the same machine
 load. Each timed final round is a fresh flow's (its first round is untimed),
@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import redis
 
+from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.wire import accept, modern_call
 from fleetkit.fleet import DEVKIT_DIR
-from fleetkit.onceapp import EFFECTS_ENV
-from fleetkit.wire import accept, modern_call
 from mcpfleet.dev.fleet import LocalFleet
 
 Row = tuple[str, str, str, str]
@@ -48,7 +48,7 @@ def once_rows(quick: bool) -> list[Row]:
         work,
         replicas=1,
         fleet="once",
-        app="fleetkit.onceapp:app",
+        app="fleetkit.apps.onceapp:app",
         extra_env={"PYTHONPATH": str(DEVKIT_DIR), EFFECTS_ENV: str(work / "effects.log")},
     )
     lf.start()

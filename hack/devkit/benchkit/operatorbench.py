@@ -15,14 +15,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from fleetkit.controlplane import (
+from fleetkit.cluster.controlplane import (
     OPTIONAL_TOOLS,
     REQUIRED_TOOLS,
     ControlPlane,
     missing_tools,
     temporary_namespace,
 )
-from fleetkit.operatorkit import operator_env, ring_body_for
+from fleetkit.cluster.operatorkit import operator_env, ring_body_for
 from mcpfleet_operator.api import KEYRINGS
 
 Row = tuple[str, str, str, str]

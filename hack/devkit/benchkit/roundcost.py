@@ -47,8 +47,8 @@ import httpx
 
 from benchkit.oncefloor import floor_rows
 from benchkit.roundapp import ARGS, ONCE_TOOL, TOOL
+from fleetkit.clients.wire import MODERN, MODERN_META, response_body
 from fleetkit.fleet import DEVKIT_DIR
-from fleetkit.wire import MODERN, MODERN_META, response_body
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
 

@@ -40,8 +40,8 @@ import redis
 from benchkit.hotpath import DIRECT, ROUTER
 from benchkit.loadgen import WrkResult, run_wrk
 from benchkit.targets import Figures
+from fleetkit.clients.wire import MODERN, MODERN_META
 from fleetkit.fleet import ProcessFleet
-from fleetkit.wire import MODERN, MODERN_META
 from mcpfleet.contract import RedisKeys
 
 Row = tuple[str, str, str, str]

@@ -1,7 +1,7 @@
 """``make bench``'s rows for MCP tasks: a task's creation, its first
 ``tasks/get`` on another replica, and completed tasks/s per replica.
 
-A fleet of three replicas of :mod:`fleetkit.taskapp` (an app written for
+A fleet of three replicas of :mod:`fleetkit.apps.taskapp` (an app written for
 FastMCP's tasks engine, unchanged) behind one router, on one Redis, without
 auth. The engine needs the ``[tasks]`` extra, which lives in ``.venv-tasks``
 (docs/tasks.md says why), so :func:`task_rows`, which ``make bench`` calls
@@ -66,8 +66,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetkit.clients.taskwire import FINAL, NOT_FOUND, create, task
 from fleetkit.fleet import FleetOptions, ProcessFleet
-from fleetkit.taskwire import FINAL, NOT_FOUND, create, task
 from mcpfleet.dev.wait import wait_for
 
 Row = tuple[str, str, str, str]
@@ -76,7 +76,7 @@ Row = tuple[str, str, str, str]
 ROOT = Path(__file__).resolve().parents[3]
 #: The tasks venv ``make venv-tasks`` makes.
 TASKS_PYTHON = ROOT / ".venv-tasks" / "bin" / "python"
-APP = "fleetkit.taskapp:app"
+APP = "fleetkit.apps.taskapp:app"
 TOOL = "double"
 #: Seconds the whole child run may take before ``make bench`` gives up on it.
 RUN_LIMIT = 240.0

@@ -31,6 +31,8 @@ from pathlib import Path
 import httpx
 import redis
 
+from fleetkit.clients.traffic import Traffic
+from fleetkit.clients.wire import initialize_body
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import (
     MASTER,
@@ -41,8 +43,6 @@ from fleetkit.redisrig import (
     acl_log,
     redis_fleet,
 )
-from fleetkit.traffic import Traffic
-from fleetkit.wire import initialize_body
 from mcpfleet import redisconn
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.wait import WaitTimeout, wait_for

@@ -11,10 +11,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from fleetkit.controlplane import wait_for
+from fleetkit.clients.traffic import traffic
 from fleetkit.fleet import Fleet
-from fleetkit.traffic import traffic
 from mcpfleet.client import Trace, connect, default_answer
+from mcpfleet.dev.wait import wait_for
 
 
 async def modern_rounds_spread(fleet: Fleet) -> None:

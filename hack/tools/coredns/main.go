@@ -1,5 +1,5 @@
 // CoreDNS with only the plugins mcpfleet's Corefiles use: the node tier's
-// (hack/devkit/fleetkit/node.py: bind, errors, ready, kubernetes, cache) and the one
+// (hack/devkit/fleetkit/cluster/node.py: bind, errors, ready, kubernetes, cache) and the one
 // kubeadm writes in the kind node image (errors, health, ready, kubernetes,
 // prometheus, forward, cache, loop, reload, loadbalance), plus log, hosts and
 // whoami for a person debugging DNS. This is CoreDNS's compile-time plugin

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from fleetkit.wire import MODERN, MODERN_META, Answer, response_body
+from fleetkit.clients.wire import MODERN, MODERN_META, Answer, response_body
 
 TASKS = "io.modelcontextprotocol/tasks"
 TASK_META = {

@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import LOOPBACK
+from fleetkit.cluster.controlplane import LOOPBACK
 
 
 def make_pod_ready(

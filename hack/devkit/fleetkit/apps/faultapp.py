@@ -1,6 +1,6 @@
 """A FastMCP app for the router's fault tests: slow tools that count what they did.
 
-Replicas load it as ``--app fleetkit.faultapp:app``. Every line goes to the file
+Replicas load it as ``--app fleetkit.apps.faultapp:app``. Every line goes to the file
 named by ``$MCPFLEET_TEST_EFFECTS`` (``O_APPEND``: replicas in several processes
 never interleave a line), as ``<order> <event> pid=<pid> at=<time.time()>``:
 

@@ -9,7 +9,7 @@ project's images (``make image``) go in with ``kind load image-archive``.
 
 The machine is shared, so the cluster leaves it as found: :func:`down` deletes
 the nodes, their network and volumes, then removes the iptables chains and
-sysctls the engine's CNI changed (:mod:`fleetkit.node_host`, against the
+sysctls the engine's CNI changed (:mod:`fleetkit.cluster.node_host`, against the
 snapshot :func:`up` saved), and ``/lib/modules`` if :func:`up` had to create it.
 
 Facts about this kind of machine that shaped it (each cost a failed attempt,
@@ -25,9 +25,9 @@ the local node: :func:`up` routes ``deploy/kind/cluster.yaml``'s Service range
 through the control-plane node, whose kube-proxy forwards (and masquerades) to
 the pods on any node; :func:`down` removes the route.
 
-    python -m fleetkit.kind up [--name NAME]     # prints export KUBECONFIG=<path>
-    python -m fleetkit.kind load IMAGE [--name NAME]   # prints loaded: IMAGE
-    python -m fleetkit.kind down [--name NAME]
+    python -m fleetkit.cluster.kind up [--name NAME]     # prints export KUBECONFIG=<path>
+    python -m fleetkit.cluster.kind load IMAGE [--name NAME]   # prints loaded: IMAGE
+    python -m fleetkit.cluster.kind down [--name NAME]
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import yaml
 
-from fleetkit import node_host
-from fleetkit.controlplane import repo_root, tools_bin_dir
+from fleetkit.cluster import node_host
+from fleetkit.cluster.controlplane import repo_root, tools_bin_dir
 
 DEFAULT_NAME = "mcpfleet"
 #: The engine network the nodes share (kind's own default, "kind", is left to others).
@@ -306,7 +306,7 @@ def _route_services(setup: KindSetup) -> None:
     if held:
         raise RuntimeError(
             f"the host already routes {subnet} ({held}): another kind cluster of ours? "
-            "make kind-down (or python -m fleetkit.kind down --name NAME) first"
+            "make kind-down (or python -m fleetkit.cluster.kind down --name NAME) first"
         )
     via = _run(setup, setup.node_ip(setup.control_plane()), 60, merge=False).strip()
     ipaddress.ip_address(via)  # a clear error rather than a bad route
@@ -520,7 +520,7 @@ def diagnostics(name: str = DEFAULT_NAME, lines: int = 20) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleetkit.kind", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fleetkit.cluster.kind", description=__doc__)
     parser.add_argument("command", choices=["up", "load", "down"])
     parser.add_argument("image", nargs="?", help="load: the image, e.g. localhost/myapp:1")
     parser.add_argument("--name", default=DEFAULT_NAME)
@@ -531,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "up":
         archives: list[Path] = []
         if not args.no_images:
-            from fleetkit.node import Images
+            from fleetkit.cluster.node import Images
 
             archives = [a for a in Images().archives if "pause" not in a.name]
             absent = [str(a) for a in archives if not a.exists()]

@@ -1,6 +1,6 @@
 """``make cluster-up`` / ``make cluster-down``: a control plane that outlives one command.
 
-Starts the same :class:`fleetkit.controlplane.ControlPlane` the tests use, in the
+Starts the same :class:`fleetkit.cluster.controlplane.ControlPlane` the tests use, in the
 background, with its state (pids, ports, kubeconfig) under ``.cache/cluster/``.
 
 With ``--fleet N`` it also brings up what the operator tests run, for a person
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from fleetkit.controlplane import (
+from fleetkit.cluster.controlplane import (
     OPTIONAL_TOOLS,
     REQUIRED_TOOLS,
     ControlPlane,
@@ -56,7 +56,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.node and args.fleet:
         print(
             "--fleet runs the replicas as local processes; with --node, run them as pods "
-            "(hack/devkit/fleetkit/nodefleet.py) instead: use one or the other",
+            "(hack/devkit/fleetkit/cluster/nodefleet.py) instead: use one or the other",
             file=sys.stderr,
         )
         return 2
@@ -178,7 +178,7 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
-    from fleetkit.operatorkit import operator_env, ring_body_for
+    from fleetkit.cluster.operatorkit import operator_env, ring_body_for
     from mcpfleet_operator.api import KEYRINGS
 
     stop = threading.Event()
@@ -254,8 +254,8 @@ def _stop_fleet() -> None:
 
 
 def _up_node() -> int:
-    """``up --node``: the control plane plus a real node (see :mod:`fleetkit.node`)."""
-    from fleetkit.node import Node, node_missing
+    """``up --node``: the control plane plus a real node (see :mod:`fleetkit.cluster.node`)."""
+    from fleetkit.cluster.node import Node, node_missing
 
     state_file = _cluster_dir() / "state.json"
     if state_file.exists():
@@ -289,7 +289,7 @@ def _up_node() -> int:
     return 0
 
 
-#: Printed by ``up --node`` (fleetkit.node.NODE_NAME, without importing it here).
+#: Printed by ``up --node`` (fleetkit.cluster.node.NODE_NAME, without importing it here).
 NODE_NAME_HINT = "mcpfleet-node"
 
 
@@ -301,7 +301,7 @@ def _down(args: argparse.Namespace) -> int:
     _stop_fleet()
     state = json.loads(state_file.read_text())
     if "node" in state:
-        from fleetkit.node import Node
+        from fleetkit.cluster.node import Node
 
         report = Node.adopt(state["node"]).stop()
         state_file.unlink(missing_ok=True)

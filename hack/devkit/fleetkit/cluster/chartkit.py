@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from fleetkit.controlplane import Helm, repo_root, tools_bin_dir
+from fleetkit.cluster.controlplane import Helm, repo_root, tools_bin_dir
 
 CHART = repo_root() / "charts" / "mcpfleet"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))

@@ -2,7 +2,7 @@
 
 :class:`NodeFleet` runs the replicas as the chart's Deployment
 (``helm install`` of ``charts/mcpfleet`` with only the replicas on, the images
-``make image`` built) on a :class:`~fleetkit.node.Node`: the kubelet mounts the key
+``make image`` built) on a :class:`~fleetkit.cluster.node.Node`: the kubelet mounts the key
 ring from a real Secret (a volume, no ``subPath``, so updates reach the files),
 runs the readiness (``/readyz``) and liveness (``/healthz``) probes, and sends
 SIGTERM when a pod is deleted. The replicas run as UID 10001 with a read-only
@@ -45,10 +45,10 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.chartkit import CHART
-from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
+from fleetkit.cluster.chartkit import CHART
+from fleetkit.cluster.controlplane import Helm, tools_bin_dir, wait_for
+from fleetkit.cluster.node import GATEWAY, Node
 from fleetkit.fleet import ProcessFleet, diagnostics, require_redis, running
-from fleetkit.node import GATEWAY, Node
 from mcpfleet.contract import (
     COMPONENT_LABEL,
     KEYRING_FILE,
@@ -74,7 +74,7 @@ GRACE_SECONDS = 1 + DRAIN_TIMEOUT + 2 + 5
 class NodeFleet(ProcessFleet):
     """Replica pods on a real node, Redis and routers on this machine.
 
-    :param node: a started :class:`~fleetkit.node.Node`.
+    :param node: a started :class:`~fleetkit.cluster.node.Node`.
     :param namespace: an existing namespace for the Secret and the Deployment.
     :param nudge: bump the pods' annotation after each Secret write.
     """

@@ -1,6 +1,6 @@
 """A FastMCP app with MCP tasks (SEP-2663), written as for ``fastmcp run``, unchanged.
 
-Replicas load it as ``--app fleetkit.taskapp:app`` (the [tasks] extra:
+Replicas load it as ``--app fleetkit.apps.taskapp:app`` (the [tasks] extra:
 ``make venv-tasks``). It registers ``TasksExtension()`` as any author does;
 the fleet replaces it with one on the fleet's queue. ``double`` answers
 ``2 * n`` after ``seconds``; ``effect`` appends ``start <tag> pid=<pid>`` to
@@ -14,11 +14,11 @@ inside the task (each answered with a ``tasks/update``, each next leg on any
 worker), then appends ``planned <tag> ...`` once.
 ``broken`` raises: a plain error (the task completes with ``isError``) or, with
 ``protocol``, an MCP error (the engine fails the task). ``blob`` answers
-``size`` characters of text (:func:`fleetkit.blobtext.blob_text`).
+``size`` characters of text (:func:`fleetkit.apps.blobtext.blob_text`).
 
 With ``$TASKAPP_JWT_PUBLIC_KEY_FILE`` (and ``TASKAPP_JWT_ISSUER``,
 ``TASKAPP_JWT_AUDIENCE``, ``TASKAPP_BASE_URL``), the app checks bearer tokens
-as deploy/own-app does (:mod:`fleetkit.jwtkit` signs them), and ``whoami``
+as deploy/own-app does (:mod:`fleetkit.clients.jwtkit` signs them), and ``whoami``
 answers the caller's ``sub``.
 """
 
@@ -40,7 +40,7 @@ from mcp_types import (
     InputRequiredResult,
 )
 
-from fleetkit.blobtext import blob_text
+from fleetkit.apps.blobtext import blob_text
 from mcpfleet import Outcome, Question, ask_then, first_missing
 
 EFFECTS_ENV = "MCPFLEET_TEST_EFFECTS"

@@ -24,9 +24,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.chartkit import CHART
-from fleetkit.controlplane import Helm, tools_bin_dir, wait_for
-from fleetkit.providers import Cluster
+from fleetkit.cluster.chartkit import CHART
+from fleetkit.cluster.controlplane import Helm, tools_bin_dir, wait_for
+from fleetkit.cluster.providers import Cluster
 from mcpfleet.contract import KEYRING_FILE, Attestation, RedisKeys
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.registry import read_replicas_sync

@@ -35,10 +35,10 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetkit.controlplane import ControlPlane, free_port, repo_root, tail, wait_for
-from fleetkit.cpfleet import ControlPlaneFleet, acl_control_plane_fleet, control_plane_fleet
+from fleetkit.cluster.controlplane import ControlPlane, free_port, repo_root, tail, wait_for
+from fleetkit.cluster.cpfleet import ControlPlaneFleet, acl_control_plane_fleet, control_plane_fleet
+from fleetkit.cluster.helm import Helm
 from fleetkit.fleet import FleetOptions
-from fleetkit.helm import Helm
 from fleetkit.redisrig import RedisFleet, RedisServer
 from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import RedisKeys
@@ -458,7 +458,7 @@ def operator_env(
     The replicas serve ``app`` (with ``app_env`` in their environment and
     ``replica_args`` after ``--state-ttl``). With ``redis_server`` (started and
     stopped by the caller) every component connects to it under its own ACL user
-    (:class:`~fleetkit.cpfleet.ACLControlPlaneFleet`), the operator under the
+    (:class:`~fleetkit.cluster.cpfleet.ACLControlPlaneFleet`), the operator under the
     contract's read-only ``operator`` user; without, the fleet runs its own Redis
     and the operator gets a read-only user there.
     """

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from fleetkit.node import POINTER, Node
+from fleetkit.cluster.node import POINTER, Node
 
 #: Image stores, in the order they are asked for the image.
 STORES = ("buildah", "podman", "docker")
@@ -89,7 +89,9 @@ def load(image: str, node: Node | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleetkit.nodeload", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m fleetkit.cluster.nodeload", description=__doc__
+    )
     parser.add_argument("image", help="the image's name, e.g. localhost/myapp:1")
     args = parser.parse_args(argv)
     try:

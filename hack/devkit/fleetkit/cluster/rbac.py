@@ -3,7 +3,7 @@
 Every rig that needs an account (the volume syncer, the rotator, the replica
 Pods' own account, a test of one rule) makes it here, so an account is made
 one way everywhere. Tokens for an account come from
-:meth:`fleetkit.controlplane.ControlPlane.token_for_service_account`.
+:meth:`fleetkit.cluster.controlplane.ControlPlane.token_for_service_account`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ extension ``io.modelcontextprotocol/tasks``) from outside, on the 2026-07-28
 era, calling tools of fixed names. Each scenario's description lists the
 fixtures it needs (``tools/list`` MUST include them); this app has every one,
 written as an author writes for the engine (``@app.tool(task=...)`` and
-``TasksExtension()``), so ``fleetkit.conformance_tasks`` asks one question:
+``TasksExtension()``), so ``fleetkit.conformance.tasks`` asks one question:
 does a scenario that passes against one replica give the same result through
 the fleet?
 
@@ -28,7 +28,7 @@ the fleet?
   the question is asked from inside the task (docs/tasks.md says why that
   scenario fails, direct and through the fleet alike).
 
-Replicas load it as ``--app fleetkit.taskconfapp:app`` (the [tasks] extra:
+Replicas load it as ``--app fleetkit.apps.taskconfapp:app`` (the [tasks] extra:
 ``make venv-tasks``); the fleet replaces its ``TasksExtension`` with one on the
 fleet's queue.
 """

@@ -6,12 +6,12 @@ a throwaway PKI, RBAC enforced, and ServiceAccount tokens signed by a key of its
 own, so a component under test can run with exactly the rights its RBAC grants
 (:meth:`ControlPlane.kubeconfig_for_service_account`). kube-controller-manager is
 optional: with it, Deployments create ReplicaSets and Pods. There is no kubelet
-and no scheduler: :func:`fleetkit.pods.make_pod_ready` writes the status a kubelet would.
+and no scheduler: :func:`fleetkit.cluster.pods.make_pod_ready` writes the status a kubelet would.
 
 Everything a test needs is a plain class or function here, so any ``conftest.py``
 can build its fixtures from them (see :func:`session_control_plane`). Beside
-it: :mod:`fleetkit.helm` (the built helm), :mod:`fleetkit.rbac` (ServiceAccounts
-and their Roles) and :mod:`fleetkit.pods` (a kubelet's Pod status).
+it: :mod:`fleetkit.cluster.helm` (the built helm), :mod:`fleetkit.cluster.rbac` (ServiceAccounts
+and their Roles) and :mod:`fleetkit.cluster.pods` (a kubelet's Pod status).
 
 Run by hand::
 
@@ -48,8 +48,8 @@ from kubernetes import client as k8s
 from fleetkit.certs import CertificateAuthority, key_pem, new_signing_key, public_key_pem
 
 # Re-exported: rigs written before helm had a module of its own import it here.
-from fleetkit.helm import Helm as Helm
-from fleetkit.helm import HelmError as HelmError
+from fleetkit.cluster.helm import Helm as Helm
+from fleetkit.cluster.helm import HelmError as HelmError
 
 # The one wait helper, re-exported for the rigs that import it from here.
 from mcpfleet.dev.fleet import free_port as fleet_free_port
@@ -81,8 +81,8 @@ class _PortTaken(ControlPlaneError):
 
 
 def repo_root() -> Path:
-    """The checkout this file belongs to (hack/devkit/fleetkit/ is three levels down)."""
-    return Path(__file__).resolve().parents[3]
+    """The checkout this file belongs to (hack/devkit/fleetkit/cluster/ is four levels down)."""
+    return Path(__file__).resolve().parents[4]
 
 
 def tools_bin_dir() -> Path:
@@ -241,7 +241,7 @@ class ControlPlane:
     :param extra_apiserver_args: appended to kube-apiserver's command line.
     :param address: where kube-apiserver listens and what it advertises as the
         ``kubernetes`` Service's endpoint. Loopback by default; the node tier
-        (:mod:`fleetkit.node`) passes the gateway address of its pod bridge so
+        (:mod:`fleetkit.cluster.node`) passes the gateway address of its pod bridge so
         that pods reach the API, and the Service's endpoints are then kept by
         the lease reconciler instead of being left empty.
     :param service_cidr: the Service ClusterIP range.

@@ -1,6 +1,6 @@
 """A FastMCP app whose one-time action leaves a side effect the tests can count.
 
-Replicas load it as ``--app fleetkit.onceapp:app``. ``charge`` asks one question,
+Replicas load it as ``--app fleetkit.apps.onceapp:app``. ``charge`` asks one question,
 then appends one line to the file named by ``$MCPFLEET_TEST_EFFECTS`` per run of
 ``finish`` (with ``O_APPEND``, so replicas in several processes never interleave
 a line): the tests count side effects, not answers. ``charge_plain`` is the same

@@ -1,12 +1,12 @@
 """Cluster providers of the end-to-end tier: where the chart is installed for real.
 
-- :class:`LocalProvider` (``local``): this machine's node (:mod:`fleetkit.node`:
+- :class:`LocalProvider` (``local``): this machine's node (:mod:`fleetkit.cluster.node`:
   containerd, kubelet, scheduler, kube-proxy, CoreDNS; root). The images are the
   archives ``make image`` wrote, imported into the node's containerd. The host
   reaches Services at their ClusterIPs (kube-proxy's rules) and pods at their IPs.
 - the kind provider (``kind``): a kind cluster (``deploy/kind/cluster.yaml``:
   one control plane, two workers) on the node image made here
-  (:mod:`fleetkit.kind`, ``make kind-up``), with a Docker engine where one
+  (:mod:`fleetkit.cluster.kind`, ``make kind-up``), with a Docker engine where one
   answers, else podman; the same archives go in with ``kind load
   image-archive``, and the host reaches Services at their ClusterIPs too (a
   route to the Service range through the control-plane node). One cluster
@@ -31,7 +31,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from fleetkit.controlplane import repo_root
+from fleetkit.cluster.controlplane import repo_root
 
 PROVIDERS = ("local", "kind")
 KIND_CONFIG = repo_root() / "deploy" / "kind" / "cluster.yaml"
@@ -80,12 +80,12 @@ class Cluster:
 def unavailable(provider: str) -> str | None:
     """Why ``provider`` cannot run here (None: it can)."""
     if provider == "local":
-        from fleetkit.node import node_missing
+        from fleetkit.cluster.node import node_missing
 
         reasons = node_missing()
         return "; ".join(reasons) if reasons else None
     if provider == "kind":
-        from fleetkit.kind import missing
+        from fleetkit.cluster.kind import missing
 
         reasons = missing()
         return "; ".join(reasons) if reasons else None
@@ -98,7 +98,7 @@ def unavailable(provider: str) -> str | None:
 @contextlib.contextmanager
 def local_cluster(workdir: Path) -> Iterator[Cluster]:
     """This machine's node; the router at a fixed ClusterIP the host reaches directly."""
-    from fleetkit.node import running_node
+    from fleetkit.cluster.node import running_node
 
     with running_node(workdir) as node:
         api = node.api_client()
@@ -141,7 +141,7 @@ def local_router_values(ip: str) -> dict[str, Any]:
 
 def kind_values(tag: str) -> dict[str, Any]:
     """The images ``kind load`` put on the kind nodes (a local name is never pulled)."""
-    from fleetkit.node import Images
+    from fleetkit.cluster.node import Images
 
     values = Images(tag).helm_values()
     values["router"] = local_router_values(KIND_ROUTER_IPS[0])
@@ -156,8 +156,8 @@ def kind_cluster(workdir: Path, name: str = "") -> Iterator[Cluster]:
     ``make kind-up`` made (``mcpfleet``) is used as it is, and deleted after
     unless ``MCPFLEET_KIND_KEEP=1``.
     """
-    from fleetkit import kind
-    from fleetkit.node import Images
+    from fleetkit.cluster import kind
+    from fleetkit.cluster.node import Images
 
     name = name or os.environ.get("MCPFLEET_KIND_CLUSTER", "mcpfleet-e2e")
     images = Images()

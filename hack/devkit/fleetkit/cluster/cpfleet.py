@@ -10,7 +10,7 @@ operator would do around the replicas is played here, through the API:
   document) is created by :meth:`ControlPlaneFleet.prepare_keys`, as ``helm
   install`` would;
 - each replica reads its OWN key directory (``workdir/volumes/<name>``), fed by
-  its own :class:`~fleetkit.kubelet_secret.SecretVolumeSyncer`, which watches
+  its own :class:`~fleetkit.cluster.kubelet_secret.SecretVolumeSyncer`, which watches
   the Secret as a ServiceAccount allowed only ``get``/``watch`` on that one
   Secret. The volume is synced before the replica starts and torn down when
   the replica is killed, has drained, or the fleet stops;
@@ -40,11 +40,11 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit.controlplane import LOOPBACK, ControlPlane
+from fleetkit.cluster.controlplane import LOOPBACK, ControlPlane
+from fleetkit.cluster.kubelet_secret import DATA_DIR, SecretVolumeSyncer
+from fleetkit.cluster.pods import make_pod_ready
+from fleetkit.cluster.rbac import service_account, service_account_with_rules
 from fleetkit.fleet import FleetOptions, ProcessFleet, diagnostics, require_redis, running
-from fleetkit.kubelet_secret import DATA_DIR, SecretVolumeSyncer
-from fleetkit.pods import make_pod_ready
-from fleetkit.rbac import service_account, service_account_with_rules
 from fleetkit.redisrig import RedisFleet, RedisServer, redis_fleet
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_LABEL
 from mcpfleet.dev.fleet import FleetError, Proc, ReplicaProcess

@@ -1,6 +1,6 @@
 """A real Kubernetes node on this machine: containerd, kubelet, kube-scheduler, kube-proxy.
 
-:class:`Node` extends the control plane of :mod:`fleetkit.controlplane` (etcd,
+:class:`Node` extends the control plane of :mod:`fleetkit.cluster.controlplane` (etcd,
 kube-apiserver, kube-controller-manager) into a one-node cluster whose pods
 really run: containerd (Debian's, as a plain process with its own config,
 root, state and socket under the node's directory) runs them with runc, the
@@ -16,7 +16,7 @@ process. Everything else binds loopback or the bridge: no port opens on
 another interface. Traffic goes only to pods, Services and loopback.
 
 The machine is shared: :meth:`Node.stop` leaves it as it was found (see
-:mod:`fleetkit.node_host`), and the node refuses to start beside another one.
+:mod:`fleetkit.cluster.node_host`), and the node refuses to start beside another one.
 Facts about this kind of machine that shaped the configuration (each cost a
 failed attempt): cgroups are a v1/v2 hybrid (``failCgroupV1: false``,
 ``cgroupDriver: cgroupfs``, runc rather than crun); there is no systemd; swap
@@ -52,8 +52,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from fleetkit import node_host
-from fleetkit.controlplane import (
+from fleetkit.cluster import node_host
+from fleetkit.cluster.controlplane import (
     ControlPlane,
     _Component,
     _terminate,

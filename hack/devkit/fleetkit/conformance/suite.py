@@ -14,7 +14,7 @@ all``) runs three times:
 
 The suite has no modern-era (2026-07-28) scenarios yet, so the same calls are
 also made on the modern era through the router
-(:mod:`fleetkit.conformance_modern`), recording the replicas the rounds reach.
+(:mod:`fleetkit.conformance.modern`), recording the replicas the rounds reach.
 
 A router must be invisible: whatever passes directly must pass through the
 fleet, and the outcome of every check is pinned in
@@ -44,10 +44,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from fleetkit.conformance_modern import ModernResult, modern_table, run_modern
+from fleetkit.conformance.modern import ModernResult, modern_table, run_modern
 from mcpfleet.dev.fleet import FleetError, LocalFleet
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 TESTS_DIR = REPO / "tests"
 PACKAGE_JSON = REPO / "hack" / "conformance" / "package.json"
 INSTALLER = REPO / "hack" / "conformance" / "install.sh"

@@ -1,6 +1,6 @@
 """A FastMCP app for stream and disconnect scenarios, served by replicas in tests.
 
-Replicas load it as ``--app fleetkit.streamapp:app`` (with ``tests/`` on their
+Replicas load it as ``--app fleetkit.apps.streamapp:app`` (with ``hack/devkit`` on their
 ``PYTHONPATH``). Its tools hold their response stream open on purpose, or
 answer as much text as asked (``blob``: text content only, no structured copy,
 so the answer's size is the text's plus its JSON-RPC envelope).
@@ -14,7 +14,7 @@ from fastmcp import Context, FastMCP
 from fastmcp.tools.base import ToolResult
 from mcp_types import TextContent
 
-from fleetkit.blobtext import blob_text
+from fleetkit.apps.blobtext import blob_text
 
 app = FastMCP("mcpfleet-stream-test")
 
@@ -45,7 +45,7 @@ async def confirm(ctx: Context) -> str:
 
 @app.tool
 async def blob(size: int, ctx: Context) -> ToolResult:
-    """``size`` characters of text (:func:`fleetkit.blobtext.blob_text`), after one
+    """``size`` characters of text (:func:`fleetkit.apps.blobtext.blob_text`), after one
     progress notification to a request that asked for progress (its answer then
     comes as an SSE stream)."""
     await ctx.report_progress(0, 1)

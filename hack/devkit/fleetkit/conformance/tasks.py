@@ -5,7 +5,7 @@ The suite pinned for every other conformance run (``hack/conformance/``,
 pinned beside it, for these scenarios only (``hack/conformance/tasks/``,
 installed by ``make conformance-tasks-suite`` into ``.cache/conformance-tasks``).
 Every ``tasks-*`` server scenario it lists runs twice, each on a fleet of its
-own serving :mod:`fleetkit.taskconfapp` on FastMCP's tasks engine:
+own serving :mod:`fleetkit.apps.taskconfapp` on FastMCP's tasks engine:
 
 * **direct**: one replica alone (its own Redis, its own worker), at its own
   endpoint, no router;
@@ -16,9 +16,9 @@ the same both ways. The outcome of every check is pinned in
 ``tests/conformance/expected_tasks.json``, with the reason, read from the
 engine's and the suite's source, for each that does not pass.
 
-``python -m fleetkit.conformance_tasks`` prints the table and keeps the suite's files
+``python -m fleetkit.conformance.tasks`` prints the table and keeps the suite's files
 in ``.cache/conformance-tasks/results/<time>/`` (in ``.venv-tasks``:
-``PYTHONPATH=hack/devkit .venv-tasks/bin/python -m fleetkit.conformance_tasks``).
+``PYTHONPATH=hack/devkit .venv-tasks/bin/python -m fleetkit.conformance.tasks``).
 The decisions are plain functions; :func:`run_both` starts the processes.
 """
 
@@ -36,8 +36,16 @@ from pathlib import Path
 
 import httpx
 
-from fleetkit import conformance
-from fleetkit.conformance import REPO, SEVERITY, Outcomes, Suite, find_suite, mark_of, read_results
+from fleetkit.conformance import suite as conformance
+from fleetkit.conformance.suite import (
+    REPO,
+    SEVERITY,
+    Outcomes,
+    Suite,
+    find_suite,
+    mark_of,
+    read_results,
+)
 from mcpfleet.dev.fleet import FleetError
 
 PINS = REPO / "hack" / "conformance" / "tasks"
@@ -45,7 +53,7 @@ INSTALLER = REPO / "hack" / "conformance" / "install.sh"
 CACHE = REPO / ".cache" / "conformance-tasks"
 RESULTS = CACHE / "results"
 EXPECTED = REPO / "tests" / "conformance" / "expected_tasks.json"
-APP = "fleetkit.taskconfapp:app"
+APP = "fleetkit.apps.taskconfapp:app"
 PREFIX = "tasks-"
 
 #: The two runs, in table order.
@@ -306,7 +314,7 @@ def run_both(suite: Suite, root: Path) -> TasksReport:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="fleetkit.conformance_tasks",
+        prog="fleetkit.conformance.tasks",
         description="Run the conformance suite's tasks-* scenarios against one replica and "
         "through a 3-replica fleet; print the table.",
     )

@@ -1,6 +1,6 @@
 """A FastMCP app written against mcpfleet's public API only (nothing from ``example``).
 
-Replicas load it as ``--app fleetkit.publicapp:app``. Its answer keys are the
+Replicas load it as ``--app fleetkit.apps.publicapp:app``. Its answer keys are the
 very names mcpfleet's request-state envelope uses (``v``, ``answers``,
 ``pending``) and the old reserved ``_pending``, to prove they are the tool's own.
 """
