@@ -25,7 +25,7 @@ import redis
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import Answer
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.contract import HEARTBEAT_TTL, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -43,7 +43,7 @@ def effects(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[LocalFleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[ProcessFleet]:
     options = FleetOptions(
         app="fleetkit.apps.onceapp:app",
         replicas=3,
@@ -55,7 +55,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[L
 
 
 def kill_mid_finish(
-    lf: LocalFleet, effects: Path, victim: str, witness: str, order: str, **waits: float
+    lf: ProcessFleet, effects: Path, victim: str, witness: str, order: str, **waits: float
 ) -> tuple[Answer, float, int]:
     """Final round on ``victim``, SIGKILLed inside finish; resent on ``witness``."""
     state = ask(f"{lf.members[victim].url}/mcp", order, "charge_slow", **waits)
@@ -83,7 +83,7 @@ def kill_mid_finish(
 
 @pytest.mark.timeout(120)
 def test_a_claimer_killed_inside_finish_is_outcome_unknown_on_resend_never_a_second_run(
-    fleet: LocalFleet, effects: Path, fault_table: FaultTable, watch_fleet: list[LocalFleet]
+    fleet: ProcessFleet, effects: Path, fault_table: FaultTable, watch_fleet: list[LocalFleet]
 ) -> None:
     watch_fleet.append(fleet)
     before, after = {"before": 30.0}, {"after": 30.0}

@@ -30,7 +30,7 @@ import redis
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import initialize_body
-from fleetkit.fleet import FleetOptions, require_redis
+from fleetkit.fleet import FleetOptions, ProcessFleet, require_redis
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
@@ -129,7 +129,7 @@ def stall(lf: LocalFleet, effects: Path, seconds: float) -> Figures:
     return fig
 
 
-def refused_then_empty(lf: LocalFleet, effects: Path) -> tuple[Figures, Figures]:
+def refused_then_empty(lf: ProcessFleet, effects: Path) -> tuple[Figures, Figures]:
     """Redis stopped (connections refused), then started again empty."""
     refused = Figures()
     order = "refused"
@@ -182,9 +182,9 @@ def refused_then_empty(lf: LocalFleet, effects: Path) -> tuple[Figures, Figures]
 
 
 @pytest.fixture
-def fleets(tmp_path: Path) -> Iterator[list[tuple[LocalFleet, Path]]]:
+def fleets(tmp_path: Path) -> Iterator[list[tuple[ProcessFleet, Path]]]:
     require_redis()
-    made: list[tuple[LocalFleet, Path]] = []
+    made: list[tuple[ProcessFleet, Path]] = []
     for seconds in STALLS:
         effects = tmp_path / f"effects-{seconds:g}.log"
         options = FleetOptions(
@@ -193,7 +193,7 @@ def fleets(tmp_path: Path) -> Iterator[list[tuple[LocalFleet, Path]]]:
             fleet=f"stall{int(seconds)}",
             env={EFFECTS_ENV: str(effects)},
         )
-        lf = LocalFleet(tmp_path / f"stall-{seconds:g}", **options.fleet_fields())
+        lf = ProcessFleet(tmp_path / f"stall-{seconds:g}", **options.fleet_fields())
         made.append((lf, effects))
     try:
         with ThreadPoolExecutor(len(made)) as pool:
@@ -206,7 +206,7 @@ def fleets(tmp_path: Path) -> Iterator[list[tuple[LocalFleet, Path]]]:
 
 @pytest.mark.timeout(240)
 def test_redis_stalls_answer_within_the_deadline_and_a_resend_completes_once(
-    fleets: list[tuple[LocalFleet, Path]],
+    fleets: list[tuple[ProcessFleet, Path]],
     fault_table: FaultTable,
     watch_fleet: list[LocalFleet],
 ) -> None:

@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
-from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.dev.fleet import LocalFleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 
 from .conftest import FaultTable
 from .routerkit import open_session
@@ -30,7 +29,7 @@ LIVE = 20
 
 
 @pytest.fixture(scope="module")
-def hostile_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+def hostile_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessFleet]:
     workdir = tmp_path_factory.mktemp("hostile")
     options = FleetOptions(
         replicas=2,
@@ -78,7 +77,7 @@ def _router_metric(port: int, name: str) -> float:
 
 @pytest.mark.parametrize("burst", [500, 2000])
 def test_a_burst_of_unknown_session_ids_gets_404s_and_every_live_session_answers(
-    hostile_fleet: LocalFleet, fault_table: FaultTable, burst: int
+    hostile_fleet: ProcessFleet, fault_table: FaultTable, burst: int
 ) -> None:
     lf = hostile_fleet
     row = fault_table.row(f"burst: {burst} random session ids + {LIVE} live sessions")
@@ -188,7 +187,7 @@ async def _probe_while(
 
 @pytest.mark.parametrize("megabytes", [1, 8, 64])
 def test_a_huge_header_line_gets_431_at_once_and_costs_the_router_nothing(
-    hostile_fleet: LocalFleet, fault_table: FaultTable, megabytes: int
+    hostile_fleet: ProcessFleet, fault_table: FaultTable, megabytes: int
 ) -> None:
     lf = hostile_fleet
     port, pid = lf.router_ports[0], lf.router_procs[0].popen.pid  # type: ignore[union-attr]
@@ -234,7 +233,7 @@ def _router_made(data: bytes) -> bool:
 
 
 def test_no_replica_endpoint_is_reachable_through_the_router_in_any_spelling(
-    hostile_fleet: LocalFleet, fault_table: FaultTable
+    hostile_fleet: ProcessFleet, fault_table: FaultTable
 ) -> None:
     lf = hostile_fleet
     port = lf.router_ports[0]
@@ -259,7 +258,7 @@ def test_no_replica_endpoint_is_reachable_through_the_router_in_any_spelling(
 
 
 def test_odd_requests_get_the_json_rpc_error_shape_from_the_router(
-    hostile_fleet: LocalFleet,
+    hostile_fleet: ProcessFleet,
 ) -> None:
     port = hostile_fleet.router_ports[0]
     twice = "host: 127.0.0.1\r\nhost: evil.example\r\n"

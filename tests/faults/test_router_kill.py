@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
@@ -50,7 +50,7 @@ HOLD = 30.0  # how long each tool holds its request: far past the kill
 @pytest.fixture
 def kill_fleet(
     tmp_path: Path, watch_fleet: list[LocalFleet]
-) -> Iterator[tuple[LocalFleet, Effects]]:
+) -> Iterator[tuple[ProcessFleet, Effects]]:
     effects = tmp_path / "effects.log"
     options = FleetOptions(
         replicas=REPLICAS, app="fleetkit.apps.faultapp:app", env={EFFECTS_ENV: str(effects)}
@@ -60,7 +60,7 @@ def kill_fleet(
         yield lf, Effects(effects)
 
 
-def _restart(lf: LocalFleet, names: set[str]) -> None:
+def _restart(lf: ProcessFleet, names: set[str]) -> None:
     """Start the killed replicas again (same names, new ports), and wait until the
     registry and the router have the new ones."""
     for name in names:
@@ -96,7 +96,7 @@ def _timed(call: Callable[[], Reply]) -> tuple[Reply, float]:
 
 @pytest.mark.timeout(240)
 def test_a_replica_killed_mid_tool_never_has_its_request_sent_again(
-    kill_fleet: tuple[LocalFleet, Effects], fault_table: FaultTable
+    kill_fleet: tuple[ProcessFleet, Effects], fault_table: FaultTable
 ) -> None:
     lf, effects = kill_fleet
     plain_row = fault_table.row("replica SIGKILL mid-tool: plain tool (modern)")

@@ -23,7 +23,7 @@ import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
 from fleetkit.clients.rawsession import metric_sum, open_sessions
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
@@ -37,7 +37,7 @@ HOLD = 30.0  # the tool holds its request far past the kill
 @pytest.fixture
 def rehome_fleet(
     tmp_path: Path, watch_fleet: list[LocalFleet]
-) -> Iterator[tuple[LocalFleet, Effects]]:
+) -> Iterator[tuple[ProcessFleet, Effects]]:
     effects = tmp_path / "effects.log"
     options = FleetOptions(
         fleet="rehome-faults",
@@ -50,13 +50,13 @@ def rehome_fleet(
         yield lf, Effects(effects)
 
 
-def rehomed(lf: LocalFleet) -> float:
+def rehomed(lf: ProcessFleet) -> float:
     text = httpx.get(f"http://127.0.0.1:{lf.router_ports[0]}/metrics", timeout=5).text
     return metric_sum(text, "mcpfleet_router_sessions_rehomed_total")
 
 
 async def test_sigkill_mid_tool_ends_that_session_with_404_and_redis_stall_answers_503_then_rehomes(
-    rehome_fleet: tuple[LocalFleet, Effects], fault_table: FaultTable
+    rehome_fleet: tuple[ProcessFleet, Effects], fault_table: FaultTable
 ) -> None:
     lf, effects = rehome_fleet
     row = fault_table.row("replica SIGKILL mid-tool, --rehome-sessions")

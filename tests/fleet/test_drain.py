@@ -13,16 +13,15 @@ import pytest
 
 from fleetkit import scenarios
 from fleetkit.clients.wire import modern_call
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.client import Trace, connect, default_answer
-from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import watched
 
 
 @pytest.fixture
-def small_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
+def small_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcessFleet]:
     args = (
         "--drain-timeout",
         "30",
@@ -32,7 +31,7 @@ def small_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Loca
 
 
 async def test_sigterm_drains_then_exits_after_its_session_finishes(
-    small_fleet: LocalFleet,
+    small_fleet: ProcessFleet,
 ) -> None:
     lf = small_fleet
     release = asyncio.Event()
@@ -100,7 +99,7 @@ async def test_sigterm_drains_then_exits_after_its_session_finishes(
     )
 
 
-def test_health_endpoints(small_fleet: LocalFleet) -> None:
+def test_health_endpoints(small_fleet: ProcessFleet) -> None:
     for member in small_fleet.members.values():
         assert httpx.get(member.url + "/healthz", timeout=2).json()["status"] == "alive"
         ready = httpx.get(member.url + "/readyz", timeout=2)
@@ -114,7 +113,7 @@ def test_health_endpoints(small_fleet: LocalFleet) -> None:
     }
 
 
-async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: LocalFleet) -> None:
+async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: ProcessFleet) -> None:
     """The shared drain scenario on local processes: handshake sessions before and
     after the drain and a stream of modern rounds, none failing; the drained replica
     then exits cleanly."""
@@ -126,7 +125,7 @@ async def test_draining_one_of_three_under_load_loses_nothing(small_fleet: Local
 
 @pytest.mark.timeout(240)
 async def test_rolling_restart_of_every_replica_under_load_loses_no_session(
-    small_fleet: LocalFleet,
+    small_fleet: ProcessFleet,
 ) -> None:
     """The shared rolling-update scenario on local processes: surge one new replica,
     drain one old, three times over, as a Deployment's rollout does."""

@@ -16,8 +16,7 @@ import pytest
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import Answer, accept, modern_call
-from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.dev.fleet import LocalFleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.once import ONCE_META_KEY, RETRY_CODE
 
@@ -32,7 +31,7 @@ def effects(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[LocalFleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, effects: Path) -> Iterator[ProcessFleet]:
     workdir = tmp_path_factory.mktemp("once")
     env = {EFFECTS_ENV: str(effects)}
     with (
@@ -71,7 +70,7 @@ def retryable(answer: Answer) -> bool:
     return bool(err and err["code"] == RETRY_CODE and (err.get("data") or {}).get("retryable"))
 
 
-def once_total(lf: LocalFleet, outcome: str) -> float:
+def once_total(lf: ProcessFleet, outcome: str) -> float:
     total = 0.0
     for replica in lf.members.values():
         body = httpx.get(f"{replica.url}/metrics", timeout=5).text
@@ -82,7 +81,7 @@ def once_total(lf: LocalFleet, outcome: str) -> float:
 
 
 def test_a_final_round_replayed_on_every_replica_runs_finish_once(
-    fleet: LocalFleet, effects: Path
+    fleet: ProcessFleet, effects: Path
 ) -> None:
     claimed_before = once_total(fleet, "claimed")
     state = ask(fleet.url, "charge", "order-1")
@@ -106,7 +105,7 @@ def test_a_final_round_replayed_on_every_replica_runs_finish_once(
 
 
 def test_twenty_concurrent_replays_of_one_final_round_charge_once(
-    fleet: LocalFleet, effects: Path
+    fleet: ProcessFleet, effects: Path
 ) -> None:
     state = ask(fleet.url, "charge", "order-race")
     answers: list[Answer] = []
@@ -129,7 +128,7 @@ def test_twenty_concurrent_replays_of_one_final_round_charge_once(
 
 
 def test_redis_down_before_the_final_round_fails_closed_then_completes_once(
-    fleet: LocalFleet, effects: Path
+    fleet: ProcessFleet, effects: Path
 ) -> None:
     state = ask(fleet.url, "charge", "order-outage")
     fleet.stop_redis()
@@ -155,7 +154,7 @@ def test_redis_down_before_the_final_round_fails_closed_then_completes_once(
 
 
 def test_a_flow_without_once_runs_finish_on_every_replay_as_before(
-    fleet: LocalFleet, effects: Path
+    fleet: ProcessFleet, effects: Path
 ) -> None:
     state = ask(fleet.url, "charge_plain", "order-plain")
     for _ in range(3):

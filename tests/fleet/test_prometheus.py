@@ -29,9 +29,8 @@ from mcp_types import ElicitResult
 
 from fleetkit import monitoring, scenarios
 from fleetkit.clients.wire import initialize_body, modern_call
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.client import connect
-from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.localprom import LocalPrometheus
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import write_ring, write_volume
@@ -85,7 +84,7 @@ _MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"")
 
 @dataclass
 class Observed:
-    fleet: LocalFleet
+    fleet: ProcessFleet
     prom: LocalPrometheus
     started: float
     rings: list[KeyRing] = field(default_factory=list)
@@ -120,7 +119,7 @@ async def _book(url: str, era: str, destination: str) -> None:
     assert str(result.data).startswith("Booked"), result.data
 
 
-def _traffic(lf: LocalFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> None:
+def _traffic(lf: ProcessFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> None:
     """Both eras, declines, cancels, errors, rejections, a rotation, a refused ring, a death."""
     url = lf.url
     rings.append(lf.ring())

@@ -25,8 +25,8 @@ import pytest
 
 from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.rawsession import RawSession, bounded, metric_sum, open_sessions
-from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
+from mcpfleet.dev.fleet import free_port
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared, watched
@@ -49,31 +49,31 @@ _generation = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def on_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+def on_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessFleet]:
     with local_fleet(tmp_path_factory.mktemp("rehome-on"), ON) as lf, shared(lf):
         yield lf
 
 
 @pytest.fixture
-def off_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
+def off_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcessFleet]:
     with local_fleet(tmp_path, OFF) as lf, watched(request, lf):
         yield lf
 
 
-def router_metrics(lf: LocalFleet) -> str:
+def router_metrics(lf: ProcessFleet) -> str:
     return httpx.get(f"http://127.0.0.1:{lf.router_ports[0]}/metrics", timeout=5).text
 
 
-def router_replicas(lf: LocalFleet) -> dict[str, str]:
+def router_replicas(lf: ProcessFleet) -> dict[str, str]:
     resp = httpx.get(lf.url.replace("/mcp", "/readyz"), timeout=2)
     return dict(resp.json()["replicas"])
 
 
-def live(lf: LocalFleet) -> list[str]:
+def live(lf: ProcessFleet) -> list[str]:
     return [name for name, m in lf.members.items() if m.proc.alive]
 
 
-def replace(lf: LocalFleet, old: str, *, drain: bool = True) -> None:
+def replace(lf: ProcessFleet, old: str, *, drain: bool = True) -> None:
     """Start a replacement for ``old`` and wait until the router routes to it; then
     (``drain``) SIGTERM ``old`` and wait for its exit."""
     new = f"r{next(_generation)}"
@@ -89,7 +89,7 @@ def replace(lf: LocalFleet, old: str, *, drain: bool = True) -> None:
         assert lf.members[old].proc.wait(30) is not None, f"{old} did not exit within 30 s"
 
 
-def restart_all(lf: LocalFleet) -> None:
+def restart_all(lf: ProcessFleet) -> None:
     """Every replica replaced at once: the new ones ready, then the old ones drained."""
     old = live(lf)
     new = [f"r{next(_generation)}" for _ in old]
@@ -109,7 +109,7 @@ def restart_all(lf: LocalFleet) -> None:
         assert lf.members[name].proc.wait(30) is not None, f"{name} did not exit within 30 s"
 
 
-def roll(lf: LocalFleet) -> float:
+def roll(lf: ProcessFleet) -> float:
     """A rolling restart of every replica (as a Deployment's: the new one ready,
     then the old one drained); the seconds it took."""
     started = time.monotonic()
@@ -119,7 +119,7 @@ def roll(lf: LocalFleet) -> float:
 
 
 async def idle_sessions_through_a_rollout(
-    lf: LocalFleet, count: int
+    lf: ProcessFleet, count: int
 ) -> tuple[Counter[int], int, float]:
     """``count`` idle sessions, a rolling restart, then one request on each:
     (statuses, answers that carried the session's own id, rollout seconds)."""
@@ -140,7 +140,7 @@ async def idle_sessions_through_a_rollout(
 
 
 async def test_rolling_restart_idle_sessions_answer_on_their_old_id_with_rehoming_and_404_without(
-    on_fleet: LocalFleet, off_fleet: LocalFleet
+    on_fleet: ProcessFleet, off_fleet: ProcessFleet
 ) -> None:
     count = 100
     before = metric_sum(router_metrics(on_fleet), REHOMED)
@@ -160,7 +160,7 @@ async def test_rolling_restart_idle_sessions_answer_on_their_old_id_with_rehomin
 
 
 async def test_sessions_with_an_elicitation_pending_at_a_restart_get_404_and_are_never_rehomed(
-    on_fleet: LocalFleet,
+    on_fleet: ProcessFleet,
 ) -> None:
     lf = on_fleet
     text = router_metrics(lf)
@@ -204,7 +204,7 @@ async def test_sessions_with_an_elicitation_pending_at_a_restart_get_404_and_are
 
 
 async def test_idle_sessions_of_a_sigkilled_replica_are_rehomed_and_a_get_stream_reconnects(
-    on_fleet: LocalFleet,
+    on_fleet: ProcessFleet,
 ) -> None:
     lf = on_fleet
     before = metric_sum(router_metrics(lf), REHOMED)
@@ -238,7 +238,7 @@ async def test_idle_sessions_of_a_sigkilled_replica_are_rehomed_and_a_get_stream
 @pytest.fixture
 def auth_fleet(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[LocalFleet, TokenIssuer]]:
+) -> Iterator[tuple[ProcessFleet, TokenIssuer]]:
     issuer = TokenIssuer()
     key = issuer.write_public_key(tmp_path / "jwt-public.pem")
     port = free_port()
@@ -256,7 +256,7 @@ def auth_fleet(
 
 
 async def test_another_principal_on_a_gone_replicas_session_gets_404_and_the_owner_still_rehomes(
-    auth_fleet: tuple[LocalFleet, TokenIssuer],
+    auth_fleet: tuple[ProcessFleet, TokenIssuer],
 ) -> None:
     lf, issuer = auth_fleet
     alice = {"authorization": f"Bearer {issuer.token('alice')}"}

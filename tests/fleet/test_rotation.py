@@ -9,8 +9,8 @@ import pytest
 
 from fleetkit import scenarios
 from fleetkit.clients.wire import accept, modern_call
-from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
+from mcpfleet.dev.fleet import Proc, free_port, http_ok, mcpfleet_argv
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
@@ -19,7 +19,7 @@ STATE_TTL = 4.0
 
 
 @pytest.fixture(scope="module")
-def rotating_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
+def rotating_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessFleet]:
     """A fleet whose request-state tokens live STATE_TTL seconds, so a rotation is quick."""
     args = ("--state-ttl", str(STATE_TTL))
     with (
@@ -47,7 +47,7 @@ def _replay(url: str, token: str) -> dict[str, object] | None:
     return answer.error
 
 
-async def test_full_rotation_under_load_fails_no_round(rotating_fleet: LocalFleet) -> None:
+async def test_full_rotation_under_load_fails_no_round(rotating_fleet: ProcessFleet) -> None:
     lf = rotating_fleet
     old_token, _ = _first_round(lf.url)
     await scenarios.rotation_under_load(lf, STATE_TTL)
@@ -69,7 +69,7 @@ async def test_full_rotation_under_load_fails_no_round(rotating_fleet: LocalFlee
     ids=["tampered", "truncated", "extended"],
 )
 def test_tampered_and_truncated_tokens_are_refused(
-    rotating_fleet: LocalFleet,
+    rotating_fleet: ProcessFleet,
     mangle,
     reason: str,  # type: ignore[no-untyped-def]
 ) -> None:
@@ -91,7 +91,9 @@ def test_tampered_and_truncated_tokens_are_refused(
     assert text.startswith("Purchased kettle for EUR 30.00.")
 
 
-def test_a_token_of_another_audience_is_refused(rotating_fleet: LocalFleet, tmp_path: Path) -> None:
+def test_a_token_of_another_audience_is_refused(
+    rotating_fleet: ProcessFleet, tmp_path: Path
+) -> None:
     """Same keys, different audience: a token minted by another service must not verify."""
     port = free_port()
     other = Proc(

@@ -18,10 +18,9 @@ import redis
 
 from fleetkit.clients.traffic import Traffic
 from fleetkit.clients.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
-from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
-from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import watched
@@ -31,7 +30,7 @@ LIST = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": 
 
 
 @pytest.fixture
-def fresh_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalFleet]:
+def fresh_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcessFleet]:
     with local_fleet(tmp_path, FleetOptions(routers=2)) as lf, watched(request, lf):
         yield lf
 
@@ -56,7 +55,7 @@ def _sessions(trace: Trace) -> set[str]:
 
 
 async def test_owner_killed_mid_elicitation_gives_404_fast_then_a_new_session_completes(
-    fresh_fleet: LocalFleet,
+    fresh_fleet: ProcessFleet,
 ) -> None:
     lf = fresh_fleet
     person = Person("How many minutes")
@@ -160,7 +159,7 @@ def test_sigterm_closes_each_keepalive_connection_after_an_answer_then_the_route
 
 
 async def test_a_session_alternating_between_two_routers_completes(
-    fresh_fleet: LocalFleet,
+    fresh_fleet: ProcessFleet,
 ) -> None:
     lf = fresh_fleet
     urls = [httpx2.URL(lf.router_url(0)), httpx2.URL(lf.router_url(1))]
@@ -183,7 +182,7 @@ async def test_a_session_alternating_between_two_routers_completes(
 
 
 async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
-    fresh_fleet: LocalFleet,
+    fresh_fleet: ProcessFleet,
 ) -> None:
     lf = fresh_fleet
     keys = RedisKeys(lf.fleet)
@@ -299,7 +298,7 @@ async def test_redis_outage_keeps_sessions_and_modern_rounds_flowing(
 # connection without closing it; that ResourceWarning is the client's, not the fleet's.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.timeout(300)
-async def test_two_hundred_concurrent_handshake_sessions(fresh_fleet: LocalFleet) -> None:
+async def test_two_hundred_concurrent_handshake_sessions(fresh_fleet: ProcessFleet) -> None:
     lf = fresh_fleet
     statuses: list[int] = []
 
@@ -326,7 +325,7 @@ async def test_two_hundred_concurrent_handshake_sessions(fresh_fleet: LocalFleet
     assert len(per_replica) == 3
 
 
-def test_a_deleted_session_leaves_the_routing_table(fresh_fleet: LocalFleet) -> None:
+def test_a_deleted_session_leaves_the_routing_table(fresh_fleet: ProcessFleet) -> None:
     lf = fresh_fleet
     trace = Trace()
 
@@ -344,7 +343,7 @@ def test_a_deleted_session_leaves_the_routing_table(fresh_fleet: LocalFleet) -> 
         client.close()
 
 
-def test_a_session_of_another_fleet_is_not_found(fresh_fleet: LocalFleet) -> None:
+def test_a_session_of_another_fleet_is_not_found(fresh_fleet: ProcessFleet) -> None:
     lf = fresh_fleet
     client = redis.Redis(port=lf.redis_port)
     try:
@@ -360,7 +359,7 @@ def test_a_session_of_another_fleet_is_not_found(fresh_fleet: LocalFleet) -> Non
 
 
 def test_unknown_protocol_version_is_answered_and_nothing_else_is_disturbed(
-    fresh_fleet: LocalFleet,
+    fresh_fleet: ProcessFleet,
 ) -> None:
     lf = fresh_fleet
     resp = httpx.post(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
-from mcpfleet.keys.files import write_ring
+from mcpfleet.keys.files import read_ring, write_ring
 from mcpfleet.keys.ring import KeyRing
 
 #: The import root of fleetkit and benchkit (hack/devkit/).
@@ -69,6 +70,25 @@ class ProcessFleet(LocalFleet):
 
     def router_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.router_ports[index]}/mcp"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a replica: no drain, no goodbye."""
+        proc = self.members[name].proc
+        proc.signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def drain(self, name: str) -> None:
+        """SIGTERM a replica: it drains and exits by itself."""
+        self.members[name].proc.signal(signal.SIGTERM)
+
+    def stop_redis(self) -> None:
+        """Stop the fleet's redis-server; :meth:`start_redis` starts it again, empty."""
+        if self.redis is not None:
+            self.redis.stop()
+
+    def ring(self) -> KeyRing:
+        """The key ring the replicas read, as it is on disk now."""
+        return read_ring(self.keys_dir)
 
     def replica_names(self) -> list[str]:
         """Replicas whose process is running."""

@@ -38,7 +38,7 @@ from mcpfleet.dev.localprom import (
     graph_url,
 )
 from mcpfleet.dev.wait import WaitTimeout, wait_for
-from mcpfleet.keys.files import read_ring, write_ring
+from mcpfleet.keys.files import write_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.registry import read_replicas_sync
 
@@ -227,7 +227,7 @@ class LocalFleet:
     redis_bind: ClassVar[tuple[str, ...]] = ("127.0.0.1",)
 
     def start_redis(self, timeout: float = 30.0) -> None:
-        """Start redis-server (again, on the same port, empty, after stop_redis)."""
+        """Start redis-server (again, on the same port, empty, after it stopped)."""
         assert self.redis_server is not None
         if not self.redis_port:
             self.redis_port = free_port()
@@ -257,10 +257,6 @@ class LocalFleet:
             what="redis-server to answer PING",
             retry_on=(OSError,),
         )
-
-    def stop_redis(self) -> None:
-        if self.redis is not None:
-            self.redis.stop()
 
     def _redis_ping(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.redis_port), timeout=0.5) as s:
@@ -360,17 +356,7 @@ class LocalFleet:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # --- operations ----------------------------------------------------------------------
-
-    def kill(self, name: str) -> None:
-        """SIGKILL a replica: no drain, no goodbye."""
-        proc = self.members[name].proc
-        proc.signal(signal.SIGKILL)
-        proc.wait(10)
-
-    def drain(self, name: str) -> None:
-        """SIGTERM a replica: it drains and exits by itself."""
-        self.members[name].proc.signal(signal.SIGTERM)
+    # --- what it reports ----------------------------------------------------------------
 
     def attestations(self) -> dict[str, Attestation]:
         client = redisconn.sync_client(redisconn.settings(self.redis_url), timeout=2)
@@ -378,9 +364,6 @@ class LocalFleet:
             return read_replicas_sync(client, RedisKeys(self.fleet))
         finally:
             client.close()
-
-    def ring(self) -> KeyRing:
-        return read_ring(self.keys_dir)
 
     def metrics_targets(self) -> list[Target]:
         """Every process with a ``/metrics``: the replicas and the routers."""
