@@ -50,7 +50,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
@@ -80,6 +80,7 @@ from mcpfleet.router.exchange import (
     retry_later,
     session_not_found,
 )
+from mcpfleet.router.h1 import Response
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.rehome import (
@@ -445,14 +446,9 @@ class Router:
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
         try:
             try:
+                line = client_session_line(session) if alias and session else b""
                 upstream = await _unless_client_leaves(
-                    self.upstream.open(
-                        x.scope,
-                        name,
-                        address,
-                        x.body,
-                        client_session_line(session) if alias and session else b"",
-                    ),
+                    self.upstream.open(x.scope, name, address, x.body, line),
                     x.scope,
                     x.receive,
                     self.loop or asyncio.get_running_loop(),
@@ -470,17 +466,11 @@ class Router:
             if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
                 await self.upstream.decline(upstream)
                 return Failure.DRAINING
-            try:
-                if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                    created = upstream.headers.get(SESSION_HEADER)
-                    if created and valid_session_id(created):
-                        init = self.rehomer.init_record(upstream, x.body)
-                        await self.sessions.record(created, name, init)
-                elif session is not None and session_ended(upstream):
-                    await self.sessions.drop(session)
-            except BaseException:
-                upstream.close()
-                raise
+            # A session opened or ended (rare: the common path only tests for it).
+            if kind is RouteKind.INITIALIZE and upstream.status == 200:
+                await self._record(x, name, upstream)
+            elif session is not None and session_ended(upstream):
+                await self._forget(session, upstream)
             self.metrics.observe_latency(kind.value, time.perf_counter() - x.started)
             result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
@@ -490,6 +480,27 @@ class Router:
             return result
         finally:
             self.view.inflight[name] -= 1
+
+    async def _record(self, x: Exchange, name: str, upstream: Response) -> None:
+        """An ``initialize`` was answered 200: the session it opened is routed to ``name``
+        (before the client has the answer). On any error the upstream response is closed."""
+        try:
+            created = upstream.headers.get(SESSION_HEADER)
+            if created and valid_session_id(created):
+                init = self.rehomer.init_record(upstream, x.body)
+                await self.sessions.record(created, name, init)
+        except BaseException:
+            upstream.close()
+            raise
+
+    async def _forget(self, session: str, upstream: Response) -> None:
+        """The owner said "no such session": its route goes. On any error the upstream
+        response is closed."""
+        try:
+            await self.sessions.drop(session)
+        except BaseException:
+            upstream.close()
+            raise
 
     def _cancelled(self, kind: RouteKind, x: Exchange, address: str) -> None:
         """The client went away before its answer was complete: the request is cancelled.
@@ -542,27 +553,11 @@ async def _unless_client_leaves(
             task.cancel()
 
     watch_disconnect = scope.get("extensions", {}).get(WATCH_DISCONNECT)
-    watcher: asyncio.Future[Message] | None = None
-
+    unwatch = None
     if watch_disconnect is not None:
         watch_disconnect(gone)
     else:
-        # (Defined only here: the two refer to each other, a reference cycle the
-        # collector would have to find for every request.)
-        def watch() -> None:
-            nonlocal watcher
-            watcher = loop.create_task(receive())  # type: ignore[arg-type]
-            watcher.add_done_callback(on_message)
-
-        def on_message(done: asyncio.Future[Message]) -> None:
-            if not armed or done.cancelled() or done.exception() is not None:
-                return
-            if done.result()["type"] == "http.disconnect":
-                gone()
-            else:  # not a disconnect (none is expected): keep watching
-                watch()
-
-        watch()
+        unwatch = _watch_receive(receive, loop, gone)
     try:
         return await opening
     except asyncio.CancelledError:
@@ -573,8 +568,45 @@ async def _unless_client_leaves(
         armed = False
         if watch_disconnect is not None:
             watch_disconnect(None)
+        if unwatch is not None:
+            unwatch()
+
+
+def _watch_receive(
+    receive: Receive, loop: asyncio.AbstractEventLoop, gone: Callable[[], None]
+) -> Callable[[], None]:
+    """Call ``gone`` when the next ASGI message ``receive`` gives is the client's
+    disconnect (served by anything but the router's own HTTP protocol); returns
+    what stops the watch.
+
+    (A function of its own: ``watch`` and ``on_message`` refer to each other, a
+    reference cycle the collector would have to find for every request were they
+    made on the router's own path.)
+    """
+    armed = True
+    watcher: asyncio.Future[Message] | None = None
+
+    def watch() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(receive())  # type: ignore[arg-type]
+        watcher.add_done_callback(on_message)
+
+    def on_message(done: asyncio.Future[Message]) -> None:
+        if not armed or done.cancelled() or done.exception() is not None:
+            return
+        if done.result()["type"] == "http.disconnect":
+            gone()
+        else:  # not a disconnect (none is expected): keep watching
+            watch()
+
+    def unwatch() -> None:
+        nonlocal armed
+        armed = False
         if watcher is not None:
             watcher.cancel()
+
+    watch()
+    return unwatch
 
 
 _CLOSE = (b"connection", b"close")
