@@ -208,44 +208,7 @@ class Replica:
         client = None
         direct: DirectCommands | None = None
         if self.config.redis_url:
-            client = connect(self.config.redis_url, self.config.redis_files)
-            await check_version(client, self.config.redis_deadline)
-            self.redis = client
-            # The claim and its confirmation are on the final round's answer path:
-            # sent on connections of their own, without redis-py's per-command costs.
-            direct = DirectCommands(client)
-            ledger = RedisLedger(
-                direct,
-                RedisKeys(self.config.fleet),
-                deadline=self.config.redis_deadline,
-                failover_wait=self.config.redis_failover_wait,
-                memory_limit=self.config.once_memory_limit,
-            )
-            self._install_ledger(ledger)
-            tasks.append(
-                asyncio.create_task(
-                    ledger.watch_memory(self.metrics.redis_memory.set), name="redis-memory"
-                )
-            )
-            self.publisher = Publisher(
-                client,
-                RedisKeys(self.config.fleet),
-                self.attestation,
-                interval=self.config.heartbeat_interval,
-                ttl=self.config.heartbeat_ttl,
-                redis_label=redact_url(self.config.redis_url),
-                sessions=self.state.sessions.keys,
-                session_ttl=self.config.session_idle,
-            )
-            tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
-            if self.tasks is not None:
-                watch = self.tasks.watch_queue(
-                    client,
-                    self.metrics.task_queue_depth,
-                    interval=TASK_QUEUE_READ_INTERVAL,
-                    deadline=self.config.redis_deadline,
-                )
-                tasks.append(asyncio.create_task(watch, name="task-queue-depth"))
+            client, direct = await self._join_fleet(self.config.redis_url, tasks)
         if self.freeze_gc:
             # Everything alive once serving starts (modules, classes, the app, the
             # clients) lives as long as the process: out of the cyclic collector's
@@ -268,6 +231,53 @@ class Replica:
             if client is not None and self.publisher is not None:
                 await self.publisher.withdraw(self.name)
                 await client.aclose()
+
+    async def _join_fleet(
+        self, redis_url: str, tasks: list[asyncio.Task[Any]]
+    ) -> tuple[Any, DirectCommands]:
+        """Serve with the fleet's Redis at ``redis_url``: the once-ledger there, the
+        heartbeat, and the watches of its memory and of the task queue, each a task
+        added to ``tasks``. Returns the client and the direct command driver."""
+        config = self.config
+        client = connect(redis_url, config.redis_files)
+        await check_version(client, config.redis_deadline)
+        self.redis = client
+        # The claim and its confirmation are on the final round's answer path:
+        # sent on connections of their own, without redis-py's per-command costs.
+        direct = DirectCommands(client)
+        ledger = RedisLedger(
+            direct,
+            RedisKeys(config.fleet),
+            deadline=config.redis_deadline,
+            failover_wait=config.redis_failover_wait,
+            memory_limit=config.once_memory_limit,
+        )
+        self._install_ledger(ledger)
+        tasks.append(
+            asyncio.create_task(
+                ledger.watch_memory(self.metrics.redis_memory.set), name="redis-memory"
+            )
+        )
+        self.publisher = Publisher(
+            client,
+            RedisKeys(config.fleet),
+            self.attestation,
+            interval=config.heartbeat_interval,
+            ttl=config.heartbeat_ttl,
+            redis_label=redact_url(redis_url),
+            sessions=self.state.sessions.keys,
+            session_ttl=config.session_idle,
+        )
+        tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
+        if self.tasks is not None:
+            watch = self.tasks.watch_queue(
+                client,
+                self.metrics.task_queue_depth,
+                interval=TASK_QUEUE_READ_INTERVAL,
+                deadline=config.redis_deadline,
+            )
+            tasks.append(asyncio.create_task(watch, name="task-queue-depth"))
+        return client, direct
 
     async def drain(self) -> None:
         """Refuse new work now; return once every owned session is closed, nothing is in
