@@ -385,7 +385,19 @@ async def ask_then(
     structured content; the tool's declared return type, and so its output
     schema, stay as they are.
     """
-    if once and ctx.is_background_task:
+    if once:
+        _refuse_once_outside_a_tool_call(ctx)
+    outcome, claim, end = await _ask(ctx, next_question, once=once)
+    if isinstance(outcome, InputRequiredResult):
+        return outcome
+    if claim is None:
+        return await _call(finish, outcome)
+    return await _finish_once(ctx, claim, finish, outcome, end)
+
+
+def _refuse_once_outside_a_tool_call(ctx: Context) -> None:
+    """``ask_then(once=True)`` serves a tool called in a request; anything else is refused."""
+    if ctx.is_background_task:
         # A task runs at least once (a lost worker's task runs again from its
         # start) and its worker has no request naming the tool a replay's
         # stored value would be converted by: refused, rather than half kept.
@@ -393,14 +405,18 @@ async def ask_then(
             "ask_then(once=True) is not available inside an MCP task: "
             "call the tool without a task, or make its action idempotent"
         )
-    if once and is_modern(ctx):
+    if is_modern(ctx):
         _called_tool(ctx)  # a prompt or resource is refused at its first round
-    outcome, claim, end = await _ask(ctx, next_question, once=once)
-    if isinstance(outcome, InputRequiredResult):
-        return outcome
-    if claim is None:
-        return await _call(finish, outcome)
-    ended = outcome
+
+
+async def _finish_once(
+    ctx: Context,
+    claim: str,
+    finish: Callable[[Outcome], T | Awaitable[T]],
+    ended: Outcome,
+    end: float | None,
+) -> T:
+    """The end of once-flow ``claim``: ``finish`` under the ledger's claim, or a replay."""
 
     async def finish_once() -> T:
         return await _call(finish, ended)
