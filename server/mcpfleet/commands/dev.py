@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from mcpfleet.commands import UsageError, port
 from mcpfleet.config import DEFAULT_APP, ReplicaConfig
@@ -40,19 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--replicas must be at least 1")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mcpfleet-dev-"))
     if shutil.which("redis-server") is None:
-        print(
-            "redis-server not found (install: apt-get install redis-server).\n"
-            "Falling back to embedded mode: ONE replica, no Redis, no router.",
-            file=sys.stderr,
-        )
-        from mcpfleet.keys.files import write_ring
-        from mcpfleet.keys.ring import KeyRing
-        from mcpfleet.replica.runtime import run_replica
-
-        write_ring(work / "keys", KeyRing.generate())
-        print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{listen}/mcp", flush=True)
-        run_replica(ReplicaConfig(keys_dir=work / "keys", app=app, port=listen, name="replica-0"))
-        return 0
+        return _embedded(work, app, listen)
     fleet = LocalFleet(
         work,
         replicas=replicas,
@@ -72,10 +60,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         fleet.start()
     except (FleetError, WaitTimeout) as exc:
-        fleet.stop()
-        for name, tail in fleet.logs():
-            print(f"--- {name} ---\n{tail}", file=sys.stderr)
-        raise UsageError(f"the fleet did not start: {exc}") from None
+        _did_not_start(fleet, exc)
     print(f"mcpfleet dev: {replicas} replica(s) behind the router at {fleet.url}")
     print(f"  redis {fleet.redis_url}, key ring {fleet.keys_dir}, logs in {work}")
     prometheus = start_monitoring(fleet, work / "prometheus")
@@ -94,3 +79,28 @@ def run(args: argparse.Namespace) -> int:
             prometheus.stop()
         fleet.stop()
     return 0
+
+
+def _embedded(work: Path, app: str, listen: int) -> int:
+    """Without redis-server: one replica in this process, no Redis, no router."""
+    print(
+        "redis-server not found (install: apt-get install redis-server).\n"
+        "Falling back to embedded mode: ONE replica, no Redis, no router.",
+        file=sys.stderr,
+    )
+    from mcpfleet.keys.files import write_ring
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.replica.runtime import run_replica
+
+    write_ring(work / "keys", KeyRing.generate())
+    print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{listen}/mcp", flush=True)
+    run_replica(ReplicaConfig(keys_dir=work / "keys", app=app, port=listen, name="replica-0"))
+    return 0
+
+
+def _did_not_start(fleet: Any, exc: Exception) -> NoReturn:
+    """The fleet failed to start: it stops, each process's log tail goes to stderr."""
+    fleet.stop()
+    for name, tail in fleet.logs():
+        print(f"--- {name} ---\n{tail}", file=sys.stderr)
+    raise UsageError(f"the fleet did not start: {exc}") from None
