@@ -138,7 +138,14 @@ async def _plain(
 
 
 class ReplicaGate:
-    """ASGI middleware; see the module docstring."""
+    """ASGI middleware; see the module docstring.
+
+    :meth:`__call__` runs for every request the replica serves. A sessionless
+    round (the modern era's) passes through it without another call: the
+    request counted, the app called, the response stamped. The rest are methods
+    of their own: the gate's routes, a drain's refusal, the books of a
+    handshake-era session's request, a session opened.
+    """
 
     def __init__(
         self,
@@ -151,94 +158,55 @@ class ReplicaGate:
         self.state = state
         self.extra_routes = extra_routes or {}
         self._name_header = (REPLICA_HEADER.lower().encode(), state.name.encode())
+        # The routes the gate answers itself (its own first), in one lookup per request.
+        self._routes: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            **self.extra_routes,
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        st = self.state
-        if path == "/healthz":
-            await _plain(send, 200, {"status": "alive", "replica": st.name}, [self._name_header])
-            return
-        if path == "/readyz":
-            # A replica without a key ring never starts: serving, it is ready until it drains.
-            reason = "draining" if st.draining else "ready"
-            await _plain(
-                send,
-                503 if st.draining else 200,
-                {"status": reason, "replica": st.name},
-                [self._name_header],
-            )
-            return
-        route = self.extra_routes.get(path)
+        route = self._routes.get(path)
         if route is not None:
             await route(scope, receive, send)
             return
-
+        st = self.state
         method: str = scope["method"]
         session = _header(scope, _SESSION_KEY)
         owned = session is not None and session in st.sessions
         handed_over = st.handover and owned and not st.busy.get(session or "")
         if st.draining and (not owned or handed_over):
-            await _plain(
-                send,
-                503,
-                jsonrpc_error(-32000, f"replica {st.name} is draining"),
-                [
-                    self._name_header,
-                    (DRAINING_HEADER.lower().encode(), b"1"),
-                    (b"retry-after", b"1"),
-                ],
-            )
+            await self._refuse_draining(send)
             return
 
         listening = method == "GET"
         if owned and session is not None:
-            st.sessions[session] = time.monotonic()
+            self._enter(session, scope, listening)
         if listening:
             st.streams += 1
         else:
             st.inflight += 1
-            if owned and session is not None:
-                st.busy[session] = st.busy.get(session, 0) + 1
-                client_session = _header(scope, _CLIENT_SESSION)
-                if client_session is not None:
-                    st.aliases[session] = client_session
-
         whole = False
 
         async def stamped_send(message: Message) -> None:
             nonlocal whole
             if whole:
-                log.warning(
-                    "%s %s: the app sent %s after its response was whole; dropped",
-                    method,
-                    path,
-                    message["type"],
-                )
+                _dropped_after_whole(method, path, message)
                 return
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append(self._name_header)
                 message = {**message, "headers": headers}
-                status = message["status"]
-                if session is None and method == "POST" and status == 200:
+                if session is not None:
+                    self._answered(session, owned, method, message["status"], headers)
+                elif method == "POST" and message["status"] == 200:
                     created = next((v for k, v in headers if k == _SESSION_KEY), None)
                     if created is not None:
-                        st.sessions[created.decode("latin-1")] = time.monotonic()
-                        digest = principal_digest(scope)
-                        if digest is not None:
-                            headers.append((_PRINCIPAL, digest.encode()))
-                        if not st.rehome:
-                            headers.append(_NO_REHOME)
-                if method == "DELETE" and session is not None and status < 300:
-                    st.sessions.pop(session, None)
-                if status == 404 and session is not None and not owned:
-                    # No such session here (never opened, or ended): say so to the
-                    # router. A 404 on a session this replica holds answers a
-                    # credential that is not the session's: the session lives on.
-                    headers.append(_ENDED)
+                        self._opened(created, scope, headers)
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 whole = True
@@ -248,23 +216,113 @@ class ReplicaGate:
         except Exception:
             if not whole:
                 raise
-            log.warning(
-                "%s %s raised after its response was whole; the connection is kept",
-                method,
-                path,
-                exc_info=True,
-            )
+            _kept_after_whole(method, path)
         finally:
             if listening:
                 st.streams -= 1
             else:
                 st.inflight -= 1
-                if owned and session is not None:
-                    left = st.busy.get(session, 1) - 1
-                    if left > 0:
-                        st.busy[session] = left
-                    else:
-                        st.busy.pop(session, None)
-                        st.aliases.pop(session, None)
-            if owned and session is not None and session in st.sessions:
-                st.sessions[session] = time.monotonic()
+            if owned and session is not None:
+                self._leave(session, listening)
+
+    def _enter(self, session: str, scope: Scope, listening: bool) -> None:
+        """A request of ``session``, which this replica holds, starts."""
+        st = self.state
+        st.sessions[session] = time.monotonic()
+        if not listening:
+            st.busy[session] = st.busy.get(session, 0) + 1
+            client_session = _header(scope, _CLIENT_SESSION)
+            if client_session is not None:
+                st.aliases[session] = client_session
+
+    def _leave(self, session: str, listening: bool) -> None:
+        """A request of ``session``, which this replica held when it started, ends."""
+        st = self.state
+        if not listening:
+            left = st.busy.get(session, 1) - 1
+            if left > 0:
+                st.busy[session] = left
+            else:
+                st.busy.pop(session, None)
+                st.aliases.pop(session, None)
+        if session in st.sessions:
+            st.sessions[session] = time.monotonic()
+
+    def _answered(
+        self,
+        session: str,
+        owned: bool,
+        method: str,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """The app answers a request of ``session``: the books kept, the router told."""
+        if method == "DELETE" and status < 300:
+            self.state.sessions.pop(session, None)
+        if status == 404 and not owned:
+            # No such session here (never opened, or ended): say so to the
+            # router. A 404 on a session this replica holds answers a
+            # credential that is not the session's: the session lives on.
+            headers.append(_ENDED)
+
+    async def _healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/healthz``: the process lives."""
+        await _plain(
+            send, 200, {"status": "alive", "replica": self.state.name}, [self._name_header]
+        )
+
+    async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/readyz``: ready until the replica drains.
+
+        A replica without a key ring never starts: serving, it is ready until it drains.
+        """
+        st = self.state
+        reason = "draining" if st.draining else "ready"
+        await _plain(
+            send,
+            503 if st.draining else 200,
+            {"status": reason, "replica": st.name},
+            [self._name_header],
+        )
+
+    async def _refuse_draining(self, send: Send) -> None:
+        """The draining replica's 503: nothing ran, the router may send it elsewhere."""
+        await _plain(
+            send,
+            503,
+            jsonrpc_error(-32000, f"replica {self.state.name} is draining"),
+            [
+                self._name_header,
+                (DRAINING_HEADER.lower().encode(), b"1"),
+                (b"retry-after", b"1"),
+            ],
+        )
+
+    def _opened(self, created: bytes, scope: Scope, headers: list[tuple[bytes, bytes]]) -> None:
+        """The app opened session ``created``: learn it, and tell the router what it needs."""
+        st = self.state
+        st.sessions[created.decode("latin-1")] = time.monotonic()
+        digest = principal_digest(scope)
+        if digest is not None:
+            headers.append((_PRINCIPAL, digest.encode()))
+        if not st.rehome:
+            headers.append(_NO_REHOME)
+
+
+def _dropped_after_whole(method: str, path: str, message: Message) -> None:
+    log.warning(
+        "%s %s: the app sent %s after its response was whole; dropped",
+        method,
+        path,
+        message["type"],
+    )
+
+
+def _kept_after_whole(method: str, path: str) -> None:
+    """Called in an ``except`` block: the traceback is the exception being handled."""
+    log.warning(
+        "%s %s raised after its response was whole; the connection is kept",
+        method,
+        path,
+        exc_info=True,
+    )
