@@ -86,7 +86,8 @@ def chunked(*parts: bytes) -> bytes:
 
 
 class _Replica:
-    """The replica's side of a connection, as the reader sees it: no socket."""
+    """The replica's side of a connection, as the reader sees it: no socket (the
+    transport :class:`_Client` builds on, adding the client's reads)."""
 
     def __init__(self) -> None:
         self.closed = False
@@ -352,16 +353,15 @@ async def test_a_huge_body_with_tiny_headers_is_read_whatever_the_reads(size: in
 # --- the request reader ------------------------------------------------------------
 
 
-class _Client:
+class _Client(_Replica):
     """The client's side of a connection to the router: each read delivered while
     reading is not paused (uvicorn pauses it for pipelined requests and large bodies)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
         self.loop = loop
         self.protocol: Any = None
         self.writes: list[bytes] = []
-        self.closed = False
-        self.paused = False
         self.pending: collections.deque[bytes] = collections.deque()
 
     def send(self, reads: Sequence[bytes]) -> None:
@@ -375,17 +375,8 @@ class _Client:
     def write(self, data: bytes) -> None:
         self.writes.append(data)
 
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
     def resume_reading(self) -> None:
-        self.paused = False
+        super().resume_reading()
         self.loop.call_soon(self._deliver)
 
     def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
