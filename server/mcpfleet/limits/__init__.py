@@ -1,0 +1,33 @@
+"""Fair share between principals: fleet-wide limits per principal (docs/limits.md).
+
+A principal is who the app's auth says the caller is (a digest of client id,
+issuer and subject) or, unauthenticated, the client's address (through the
+trusted proxy hops) or one shared principal. Each shared resource a principal
+can hold has a named limit here: handshake sessions (a cap), rounds (a rate
+with a burst), MCP tasks (a cap and a share of the workers). Counts live in the
+fleet's Redis, so they hold whichever replica or router serves a principal.
+"""
+
+from mcpfleet.limits._rules import (
+    CURRENT_PRINCIPAL,
+    LIMIT_NAMES,
+    Count,
+    LimitRules,
+    PrincipalRule,
+    Rate,
+    RulesError,
+    load_rules,
+    parse_rules,
+)
+
+__all__ = [
+    "CURRENT_PRINCIPAL",
+    "LIMIT_NAMES",
+    "Count",
+    "LimitRules",
+    "PrincipalRule",
+    "Rate",
+    "RulesError",
+    "load_rules",
+    "parse_rules",
+]
