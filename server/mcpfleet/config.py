@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
+from mcpfleet.limits import LimitRules, Rate
 from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT, RedisFiles
 
 #: The app ``mcpfleet serve`` runs when no ``--app`` is given.
@@ -92,6 +93,29 @@ class ReplicaConfig:
     #: loads: sealed with its first key, opened with any of its keys
     #: (:class:`mcpfleet.tasks.RingSnapshotCodec`).
     tasks_encrypt: bool = False
+    #: Limits per principal (mcpfleet.limits; 0 is no limit), fleet-wide through
+    #: Redis. The defaults protect a fleet shared by many users out of the box:
+    #: an agent needs a handful of sessions, not a hundred (the chart's 1,000
+    #: sessions per replica hold ten such principals at least), and an
+    #: interactive agent sends a few rounds a second, not fifty.
+    limit_sessions: int = 100
+    limit_rounds: float = 50.0
+    limit_burst: int = 100
+    #: A JSON file of limits over these (per tool, per principal), watched.
+    limits_file: Path | None = None
+    #: Proxies in front of the replica whose X-Forwarded-For entries are trusted
+    #: (the router is one; the chart sets 1 + the hops in front of the router).
+    #: 0: the connection's peer is the client (never a header a client wrote).
+    trusted_hops: int = 0
+    #: Unauthenticated principals: one per client ``address``, or one ``shared``.
+    anonymous_principal: Literal["address", "shared"] = "address"
+
+    def limit_rules(self) -> LimitRules:
+        """The limits the flags set (the limits file goes over them)."""
+        return LimitRules(
+            sessions=self.limit_sessions,
+            rounds=Rate(self.limit_rounds, self.limit_burst),
+        )
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

@@ -129,6 +129,12 @@ class RedisKeys:
         """Held (SET NX PX) by the one router re-homing a session right now."""
         return f"{self.prefix}:session:{session_id}:moving"
 
+    def limit(self, name: str, principal: str) -> str:
+        """One principal's count under the limit ``name`` (:mod:`mcpfleet.limits`): a
+        rate's bucket (a string) or a cap's holdings (a sorted set of leases). Holds a
+        principal's digest and counts, never a token, an address or a session's owner."""
+        return f"{self.prefix}:limit:{name}:{principal}"
+
     def once(self, flow: str) -> str:
         """The ledger entry of one exactly-once guard flow (:mod:`mcpfleet.once`).
 
@@ -183,7 +189,10 @@ class RedisKeys:
           PTTL, SET, DEL; result: SET XX PX; a racing replay: GET; its memory
           watch and the version check at start: INFO). The routes of its own
           sessions, written back when Redis lost them (SET NX PX), and the
-          ``lost`` marks of sessions its drain deadline cut (SET PX). The MCP
+          ``lost`` marks of sessions its drain deadline cut (SET PX). The limits
+          per principal (:mod:`mcpfleet.limits`): their buckets and holdings,
+          through Lua scripts only (EVAL of TIME, GET, SET, ZADD, ZREM,
+          ZREMRANGEBYSCORE, ZSCORE, ZCARD, ZRANGE, PEXPIRE). The MCP
           task queue (:mod:`mcpfleet.tasks`, FastMCP's tasks engine on a
           Docket): a selector (Redis 7) allowing the commands of
           :data:`TASK_QUEUE_COMMANDS` on the keys and channels under
@@ -210,6 +219,7 @@ class RedisKeys:
                 f"~{records}",
                 f"~{self.prefix}:once:*",
                 f"~{self.prefix}:session:*",
+                f"~{self.prefix}:limit:*",
             ]
             # publish: MULTI, SET (PX GET), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
             # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET,
@@ -227,6 +237,16 @@ class RedisKeys:
                 "eval",
                 "pttl",
                 "info",
+                # limits (mcpfleet.limits: EVAL of TIME, GET, SET, ZADD, ZREM,
+                # ZREMRANGEBYSCORE, ZSCORE, ZCARD, ZRANGE, PEXPIRE)
+                "time",
+                "zadd",
+                "zrem",
+                "zremrangebyscore",
+                "zscore",
+                "zcard",
+                "zrange",
+                "pexpire",
             ]
             # The task queue: a selector of its own (Redis 7), so its commands
             # reach its keys and channels only, never the routes or the ledger.

@@ -29,11 +29,19 @@ class ErrorCode(enum.IntEnum):
     SERVER_ERROR = -32000  # unavailable now: retry (with Retry-After)
 
 
-def jsonrpc_error(code: int, message: str) -> bytes:
-    """A JSON-RPC error response with no request id (it answers no request the app saw)."""
-    return json.dumps(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    ).encode()
+def jsonrpc_error(
+    code: int,
+    message: str,
+    *,
+    data: dict[str, object] | None = None,
+    request_id: str | int | None = None,
+) -> bytes:
+    """A JSON-RPC error response: with no request id unless the request's is known
+    (an answer refusing a request the app never saw)."""
+    error: dict[str, object] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
 
 
 async def send_whole(

@@ -50,6 +50,7 @@ def once_rows(quick: bool) -> list[Row]:
         fleet="once",
         app="fleetkit.apps.onceapp:app",
         extra_env={"PYTHONPATH": str(DEVKIT_DIR), EFFECTS_ENV: str(work / "effects.log")},
+        limits=False,
     )
     lf.start()
     try:

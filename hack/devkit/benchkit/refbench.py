@@ -74,7 +74,7 @@ def main() -> None:
     ).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-refbench-"))
     imports, cli = checkout(sha, work)
-    lf = LocalFleet(work / "fleet", replicas=3, fleet="refbench")
+    lf = LocalFleet(work / "fleet", replicas=3, fleet="refbench", limits=False)
     lf.start()
     ref_proc = None
     try:

@@ -219,6 +219,7 @@ def measure(
         fleet="rounds",
         app="benchkit.roundapp:fleet",
         extra_env={"PYTHONPATH": str(DEVKIT_DIR)},
+        limits=False,
     )
     try:
         urls = []

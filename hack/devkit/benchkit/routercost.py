@@ -261,7 +261,7 @@ def main() -> None:
     parser.add_argument("--slices", type=int, help="alternating slices (default 4; 2 with --quick)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-routercost-"))
-    lf = LocalFleet(work / "fleet", replicas=3, fleet="routercost")
+    lf = LocalFleet(work / "fleet", replicas=3, fleet="routercost", limits=False)
     lf.start()
     nginx = None
     ref = None

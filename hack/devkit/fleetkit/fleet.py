@@ -64,9 +64,14 @@ class Fleet(Protocol):
     def ring(self) -> KeyRing: ...
 
 
+@dataclass
 class ProcessFleet(LocalFleet):
     """The :class:`LocalFleet` of ``mcpfleet dev`` with what a scenario does to it
-    (the :class:`Fleet` interface): the product's class runs a fleet, this one tests it."""
+    (the :class:`Fleet` interface): the product's class runs a fleet, this one tests it.
+    Its replicas run without limits per principal (every test client is one
+    principal, 127.0.0.1); a test of the limits sets ``limits=True`` or its flags."""
+
+    limits: bool = False
 
     def router_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.router_ports[index]}/mcp"

@@ -11,6 +11,7 @@ from mcpfleet.commands import (
     add_fleet_flag,
     add_listen_flags,
     config_from_args,
+    limitflags,
     non_negative,
     positive,
     positive_int,
@@ -160,6 +161,7 @@ def add_parsers(sub: Any) -> None:
         default=rep.tasks_encrypt,
         help="encrypt stored task snapshots under keys derived from the key ring (--keys)",
     )
+    limitflags.add_flags(s, rep)
 
 
 def run(args: argparse.Namespace) -> int:

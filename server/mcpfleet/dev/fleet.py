@@ -138,6 +138,11 @@ class ReplicaProcess:
         return f"http://127.0.0.1:{self.port}"
 
 
+#: The flags that turn every limit per principal off (mcpfleet.limits): for a
+#: fleet whose one client stands for many users (a benchmark, a test).
+NO_LIMITS: tuple[str, ...] = ("--limit-sessions", "0", "--limit-rounds", "0")
+
+
 @dataclass
 class LocalFleet:
     """Redis, ``replicas`` replica processes and ``routers`` routers on 127.0.0.1."""
@@ -150,6 +155,8 @@ class LocalFleet:
     fleet: str = "dev"
     replica_args: Sequence[str] = ()
     router_args: Sequence[str] = ()
+    #: The replicas' limits per principal: their defaults, or off (NO_LIMITS).
+    limits: bool = True
     redis_server: str | None = field(default_factory=lambda: shutil.which("redis-server"))
     redis_port: int = 0
     members: dict[str, ReplicaProcess] = field(default_factory=dict)
@@ -303,6 +310,10 @@ class LocalFleet:
                 name,
                 "--fleet",
                 self.fleet,
+                # Every request reaches a replica through the fleet's router.
+                "--trusted-hops",
+                "1",
+                *(() if self.limits else NO_LIMITS),
                 *self.replica_args,
             ),
             self.workdir / f"{name}.log",

@@ -8,6 +8,15 @@ with a burst), MCP tasks (a cap and a share of the workers). Counts live in the
 fleet's Redis, so they hold whichever replica or router serves a principal.
 """
 
+from mcpfleet.limits._limiter import (
+    LEASE_LIFE,
+    REDIS_BACKOFF,
+    SESSION_LEASE,
+    Limiter,
+    LimitObserver,
+    Refusal,
+)
+from mcpfleet.limits._principal import SHARED, address_of, principal_digest, principal_of
 from mcpfleet.limits._rules import (
     CURRENT_PRINCIPAL,
     LIMIT_NAMES,
@@ -19,15 +28,28 @@ from mcpfleet.limits._rules import (
     load_rules,
     parse_rules,
 )
+from mcpfleet.limits._watch import POLL_INTERVAL, RulesWatcher
 
 __all__ = [
     "CURRENT_PRINCIPAL",
+    "LEASE_LIFE",
     "LIMIT_NAMES",
+    "POLL_INTERVAL",
+    "REDIS_BACKOFF",
+    "SESSION_LEASE",
+    "SHARED",
     "Count",
+    "LimitObserver",
     "LimitRules",
+    "Limiter",
     "PrincipalRule",
     "Rate",
+    "Refusal",
     "RulesError",
+    "RulesWatcher",
+    "address_of",
     "load_rules",
     "parse_rules",
+    "principal_digest",
+    "principal_of",
 ]

@@ -159,6 +159,14 @@ def _object(value: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
     return value
 
 
+def _table(value: Any, where: str) -> dict[str, Any]:
+    """An object of named entries (tools, principals): any name, no empty one."""
+    doc = _object(value, where, tuple(value) if isinstance(value, dict) else ())
+    if "" in doc:
+        raise RulesError(f"{where}: an entry with an empty name")
+    return doc
+
+
 def _rate(value: Any, where: str, base: Rate) -> Rate:
     doc = _object(value, where, ("rate", "burst"))
     rate = _number(doc["rate"], f"{where}.rate", integer=False) if "rate" in doc else base.rate
@@ -203,18 +211,17 @@ def parse_rules(doc: Any, base: LimitRules) -> LimitRules:
     if "tasks" in top:
         rules = replace(rules, tasks=_count(top["tasks"], "tasks", base.tasks))
     if "tools" in top:
-        tools = _object(top["tools"], "tools", tuple(top["tools"]) if isinstance(top["tools"], dict) else ())
+        tools = _object(
+            top["tools"], "tools", tuple(top["tools"]) if isinstance(top["tools"], dict) else ()
+        )
         rules = replace(
             rules, tools={str(k): _rate(v, f"tools.{k}", Rate()) for k, v in tools.items()}
         )
     if "principals" in top:
-        raw = top["principals"]
-        doc_p = _object(raw, "principals", tuple(raw) if isinstance(raw, dict) else ())
+        doc_p = _table(top["principals"], "principals")
         rules = replace(
             rules,
-            principals={
-                str(k): _principal(v, f"principals.{k}", rules) for k, v in doc_p.items()
-            },
+            principals={str(k): _principal(v, f"principals.{k}", rules) for k, v in doc_p.items()},
         )
     return rules
 

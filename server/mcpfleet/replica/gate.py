@@ -29,7 +29,6 @@ An ASGI middleware around the FastMCP HTTP app that
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -48,6 +47,7 @@ from mcpfleet.contract import (
     SESSION_HEADER,
 )
 from mcpfleet.httpio import jsonrpc_error, send_whole
+from mcpfleet.limits import principal_digest
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()
 _ENDED = (SESSION_ENDED_HEADER.lower().encode(), b"1")
@@ -56,22 +56,6 @@ _PRINCIPAL = PRINCIPAL_HEADER.lower().encode()
 _CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
 
 log = logging.getLogger("mcpfleet.replica")
-
-
-def principal_digest(scope: Scope) -> str | None:
-    """A digest of the principal a request was authenticated as, or None without auth.
-
-    The same components the MCP SDK binds a session to (client id, issuer,
-    subject of the verified access token), hashed: the router compares digests
-    and never holds a token or a claim.
-    """
-    token = getattr(scope.get("user"), "access_token", None)
-    if token is None:
-        return None
-    from mcp.server.auth.provider import principal_components
-
-    parts = principal_components(token)
-    return hashlib.sha256(json.dumps(list(parts)).encode()).hexdigest()[:32]
 
 
 @dataclass

@@ -52,6 +52,7 @@ collectors, so the request path pays nothing for them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -65,6 +66,7 @@ from prometheus_client.registry import Collector
 
 from mcpfleet import __version__
 from mcpfleet.keys.ring import KeyRing
+from mcpfleet.limits import LIMIT_NAMES
 from mcpfleet.once import OnceOutcome
 from mcpfleet.replica.gate import GateState
 
@@ -227,6 +229,26 @@ class ReplicaMetrics:
             "Redis used memory over its maxmemory, as this replica last read it (0: no maxmemory).",
             registry=r,
         )
+        self.limited_total = Counter(
+            "mcpfleet_limited",
+            "Requests refused under a limit per principal (mcpfleet.limits), by limit"
+            " (sessions, rounds, tasks) and tool (empty for a request naming none).",
+            ["limit", "tool"],
+            registry=r,
+        )
+        self.limit_failures = Counter(
+            "mcpfleet_limit_checks_failed",
+            "Limit checks Redis could not answer within the deadline, by limit: checked in"
+            " this replica's memory instead (docs/limits.md).",
+            ["limit"],
+            registry=r,
+        )
+        self.limit_principals = Gauge(
+            "mcpfleet_limit_principals_limited",
+            "Principals this replica refused under a limit within the last minute, by limit.",
+            ["limit"],
+            registry=r,
+        )
         build = Gauge(
             "mcpfleet_replica_build_info",
             "The replica's software: mcpfleet, fastmcp and mcp versions, and the app served.",
@@ -246,6 +268,19 @@ class ReplicaMetrics:
         self._saved_level = logging.NOTSET
 
     # --- observers wired by the replica --------------------------------------------------
+
+    def limited(self, limit: str, tool: str) -> None:
+        self.limited_total.labels(limit, tool).inc()
+
+    def failed(self, limit: str) -> None:
+        self.limit_failures.labels(limit).inc()
+
+    def watch_limits(self, limited_recently: Callable[[str], int]) -> None:
+        """Report the principals refused lately, per limit, from ``limited_recently``."""
+        for limit in LIMIT_NAMES:
+            self.limit_principals.labels(limit).set_function(
+                functools.partial(limited_recently, limit)
+            )
 
     def codec_event(self, event: str, value: str) -> None:
         """The codec's observer: seals and unseals by kid.

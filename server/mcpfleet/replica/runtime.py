@@ -36,6 +36,7 @@ from typing import Any
 import uvicorn
 from fastmcp.server.http import StarletteWithLifespan
 from prometheus_client import generate_latest
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.config import ReplicaConfig
@@ -50,6 +51,7 @@ from mcpfleet.keys.codec import ReloadableCodec
 from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
+from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import DirectCommands, check_version, redact_url
@@ -57,6 +59,7 @@ from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.hostguard import KeptHostGuard
+from mcpfleet.replica.limitgate import LimitGate
 from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
@@ -100,6 +103,7 @@ class Replica:
         if quiet_telemetry():
             log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
+        self.limiter, self.rules_watcher = self._limits()
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
@@ -143,8 +147,29 @@ class Replica:
         #: The fleet's Redis, while the replica serves with one.
         self.redis: Any = None
 
+    def _limits(self) -> tuple[Limiter, RulesWatcher | None]:
+        """The limits per principal: the flags' rules, under the limits file's when set."""
+        config = self.config
+        base = config.limit_rules()
+        limiter = Limiter(
+            base, RedisKeys(config.fleet), observer=self.metrics, deadline=config.redis_deadline
+        )
+        self.metrics.watch_limits(limiter.limited_recently)
+        watcher = None
+        if config.limits_file is not None:
+            watcher = RulesWatcher(config.limits_file, base, limiter.set_rules)
+            watcher.check()
+        return limiter, watcher
+
     def _http_app(self, json_response: bool | None) -> StarletteWithLifespan:
         config = self.config
+        limits = Middleware(
+            LimitGate,
+            limiter=self.limiter,
+            trusted_hops=config.trusted_hops,
+            anonymous=config.anonymous_principal,
+            observer=self.metrics,
+        )
         return self.mcp_app.http_app(
             path=MCP_PATH,
             json_response=json_response,
@@ -152,6 +177,8 @@ class Replica:
             session_idle_timeout=config.session_idle,
             # The Host/Origin guard is in front of both apps, once (KeptHostGuard).
             host_origin_protection=False,
+            # After the app's auth (the principal is known), before the transport.
+            middleware=[limits],
         )
 
     def attestation(self) -> Attestation:
@@ -205,10 +232,13 @@ class Replica:
     async def _serving(self) -> AsyncIterator[None]:
         self.metrics.watch_rejections()
         tasks = [asyncio.create_task(self.watcher.run(), name="keyring-watch")]
+        if self.rules_watcher is not None:
+            tasks.append(asyncio.create_task(self.rules_watcher.run(), name="limits-watch"))
         client = None
         direct: DirectCommands | None = None
         if self.config.redis_url:
             client, direct = await self._join_fleet(self.config.redis_url, tasks)
+        tasks.append(asyncio.create_task(self._renew_session_places(), name="limits-renew"))
         if self.freeze_gc:
             # Everything alive once serving starts (modules, classes, the app, the
             # clients) lives as long as the process: out of the cyclic collector's
@@ -253,6 +283,7 @@ class Replica:
             memory_limit=config.once_memory_limit,
         )
         self._install_ledger(ledger)
+        self.limiter.attach(direct)
         tasks.append(
             asyncio.create_task(
                 ledger.watch_memory(self.metrics.redis_memory.set), name="redis-memory"
@@ -278,6 +309,18 @@ class Replica:
             )
             tasks.append(asyncio.create_task(watch, name="task-queue-depth"))
         return client, direct
+
+    async def _renew_session_places(self) -> None:
+        """Every third of a place's lease: the places of the sessions this replica holds
+        renewed (re-added after a Redis restart), those of ended sessions given back."""
+        while True:
+            await asyncio.sleep(SESSION_LEASE / 3)
+            self.state.live_sessions()
+            try:
+                await self.limiter.renew_sessions(set(self.state.sessions))
+            except Exception as e:  # any driver's error, or the deadline
+                self.metrics.failed("sessions")
+                log.warning("limits: renewing session places failed (%s)", type(e).__name__)
 
     async def drain(self) -> None:
         """Refuse new work now; return once every owned session is closed, nothing is in
@@ -464,6 +507,9 @@ def run_replica(config: ReplicaConfig) -> None:
         # Longer than the router keeps idle connections (5 s), so the router
         # always closes first and never sends a request down a closing one.
         timeout_keep_alive=REPLICA_KEEPALIVE,
+        # The client's address comes from the trusted hops (mcpfleet.limits), never
+        # from uvicorn's reading of X-Forwarded-For (which trusts 127.0.0.1's).
+        proxy_headers=False,
     )
     server = _DrainingServer(uv_config, replica)
     # uvicorn re-raises the SIGINT it handled; by then we are done.

@@ -61,6 +61,10 @@ def router_server(config: RouterConfig) -> ClosingServer:
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=config.graceful_timeout,
+        # The client is the connection's peer: uvicorn must not take it from a
+        # client's X-Forwarded-For (it trusts 127.0.0.1's by default). The router
+        # appends the peer to the header; replicas read it through trusted hops.
+        proxy_headers=False,
     )
     return ClosingServer(uv_config, router)
 

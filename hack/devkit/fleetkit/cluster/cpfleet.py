@@ -47,7 +47,7 @@ from fleetkit.cluster.rbac import service_account, service_account_with_rules
 from fleetkit.fleet import FleetOptions, ProcessFleet, diagnostics, require_redis, running
 from fleetkit.redisrig import RedisFleet, RedisServer, redis_fleet
 from mcpfleet.contract import COMPONENT_LABEL, KEYRING_LABEL
-from mcpfleet.dev.fleet import FleetError, Proc, ReplicaProcess
+from mcpfleet.dev.fleet import NO_LIMITS, FleetError, Proc, ReplicaProcess
 from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing, KeyRingError
 from mcpfleet_operator import secretring
@@ -319,7 +319,7 @@ class ControlPlaneFleet(ProcessFleet):
         container = k8s.V1Container(
             name=SERVER_COMPONENT,
             image=self.image,
-            args=["serve", "--keys", KEYS_MOUNT, "--fleet", self.fleet],
+            args=["serve", "--keys", KEYS_MOUNT, "--fleet", self.fleet, *NO_LIMITS],
             env=[
                 k8s.V1EnvVar(
                     name=var,

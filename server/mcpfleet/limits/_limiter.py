@@ -1,0 +1,359 @@
+"""Checking limits on a request's path: from memory when it can, Redis when it must.
+
+:class:`Limiter` answers "may this principal send this round?" and "may it open
+another session?". It holds the rules in force (swapped whole on a reload) and:
+
+* **rounds**: a lease of a few requests' worth taken at once from the
+  principal's fleet-wide bucket in Redis (:class:`~mcpfleet.limits._store.RateStore`),
+  answered from memory until it is spent or :data:`LEASE_LIFE` passes. A
+  refused principal is refused from memory until its retry time: a flood costs
+  Redis one call per refusal window, not one per request. A lease is taken out
+  of the bucket: a principal never gets more than its rate fleet-wide, and
+  gets less only by what a replica's unspent lease loses when it expires;
+* **sessions**: a place in the principal's fleet-wide holdings
+  (:class:`~mcpfleet.limits._store.CapStore`) for an ``initialize`` in flight,
+  turned into the session's once it opened, renewed by :meth:`Limiter.renew_sessions`
+  while the session lives here, given back when it ends.
+
+Redis failing (an error, or no answer within the deadline) never blocks a request:
+rounds fall back to a bucket in this replica's memory with the same rate (so a
+principal gets at most the rate per replica while Redis is away), sessions to
+this replica's own count of the principal's sessions against the same cap (the
+replicas' session caps still bound the fleet). After a failure Redis is left
+alone for :data:`REDIS_BACKOFF` seconds, so a stalled Redis costs one deadline,
+not one per request. Each fallback is counted (``observer.failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from mcpfleet.contract import RedisKeys
+from mcpfleet.limits._rules import LimitRules, Rate
+from mcpfleet.limits._store import CapStore, RateStore
+
+__all__ = [
+    "LEASE_LIFE",
+    "REDIS_BACKOFF",
+    "SESSION_LEASE",
+    "LimitObserver",
+    "Limiter",
+    "Refusal",
+]
+
+log = logging.getLogger("mcpfleet.limits")
+
+#: Seconds a replica answers rounds from a lease before it asks Redis again.
+LEASE_LIFE: Final = 0.5
+#: Seconds Redis is left alone after a limit check failed on it.
+REDIS_BACKOFF: Final = 1.0
+#: Seconds a held session's place lasts unless renewed (renewed every third of it):
+#: a replica killed gives its sessions' places back within this.
+SESSION_LEASE: Final = 30.0
+#: Seconds within which one principal's refusals are logged once.
+LOG_WINDOW: Final = 60.0
+#: Leases and local buckets held at once; past it the oldest half is forgotten.
+MAX_ENTRIES: Final = 100_000
+
+
+class LimitObserver(Protocol):
+    def limited(self, limit: str, tool: str) -> None: ...
+    def failed(self, limit: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request refused under ``limit``: what the client is told."""
+
+    limit: str
+    retry_after: float
+    message: str
+
+    @property
+    def retry_seconds(self) -> int:
+        """``Retry-After`` as HTTP states it: whole seconds, at least 1."""
+        return max(1, math.ceil(self.retry_after))
+
+
+class _Lease:
+    __slots__ = ("refused_until", "tokens", "until")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.until = 0.0
+        self.refused_until = 0.0
+
+
+def batch_of(rate: Rate) -> int:
+    """Requests' worth taken from Redis at once: a tenth of a second of the rate,
+    at most half the burst, at least one."""
+    return max(1, min(rate.effective_burst() // 2, int(rate.rate * 0.1)))
+
+
+class _LocalBuckets:
+    """GCRA buckets in this process's memory: the fallback while Redis is away."""
+
+    def __init__(self) -> None:
+        self.tat: dict[str, float] = {}
+
+    def take(self, key: str, rate: Rate, now: float) -> float:
+        """0.0 if a request is allowed now, else seconds until one is."""
+        interval = 1.0 / rate.rate
+        tat = max(self.tat.get(key, now), now)
+        if tat - now > (rate.effective_burst() - 1) * interval:
+            return tat - (rate.effective_burst() - 1) * interval - now
+        self.tat[key] = tat + interval
+        if len(self.tat) > MAX_ENTRIES:
+            self.tat = {k: v for k, v in self.tat.items() if v > now}
+        return 0.0
+
+
+class Limiter:
+    """See the module docstring. One per replica; rules replaced with :meth:`set_rules`."""
+
+    def __init__(
+        self,
+        rules: LimitRules,
+        keys: RedisKeys,
+        *,
+        observer: LimitObserver | None = None,
+        deadline: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rules = rules
+        self.keys = keys
+        self.observer = observer
+        self.deadline = deadline
+        self.clock = clock
+        self.rates: RateStore | None = None
+        self.caps: CapStore | None = None
+        self._leases: dict[tuple[str, str], _Lease] = {}
+        self._local = _LocalBuckets()
+        self._redis_back = 0.0
+        #: Sessions opened here with a limit on: session id -> principal.
+        self.sessions: dict[str, str] = {}
+        self._held: dict[str, int] = {}
+        #: Sessions that ended here whose places Redis has not been told of yet.
+        self._ended: dict[str, list[str]] = {}
+        self._logged: dict[tuple[str, str], float] = {}
+
+    def attach(self, client: Any) -> None:
+        """Count fleet-wide in the Redis ``client`` reaches (anything with ``eval``)."""
+        self.rates = RateStore(client)
+        self.caps = CapStore(client)
+
+    def set_rules(self, rules: LimitRules) -> None:
+        """Put ``rules`` in force; leases taken under the old ones are dropped."""
+        self.rules = rules
+        self._leases.clear()
+
+    # -- rounds ------------------------------------------------------------------
+
+    async def round(self, principal: str, tool: str | None = None) -> Refusal | None:
+        """None if ``principal`` may send a round (of ``tool``) now, else the refusal."""
+        rate = self.rules.rounds_for(principal)
+        if not rate.unlimited:
+            refused = await self._take(principal, "", rate)
+            if refused is not None:
+                return self._refused("rounds", principal, refused, rate, tool)
+        if tool is not None and self.rules.tools:
+            tool_rate = self.rules.tool_rate(tool)
+            if tool_rate is not None and not tool_rate.unlimited:
+                refused = await self._take(principal, tool, tool_rate)
+                if refused is not None:
+                    return self._refused("rounds", principal, refused, tool_rate, tool)
+        return None
+
+    async def _take(self, principal: str, bucket: str, rate: Rate) -> float | None:
+        now = self.clock()
+        lease = self._leases.get((principal, bucket))
+        if lease is not None:
+            if lease.tokens > 0 and lease.until > now:
+                lease.tokens -= 1
+                return None
+            if lease.refused_until > now:
+                return lease.refused_until - now
+        else:
+            if len(self._leases) >= MAX_ENTRIES:
+                self._prune(now)
+            lease = self._leases[(principal, bucket)] = _Lease()
+        granted, wait = await self._take_fleet(principal, bucket, rate, now)
+        if granted:
+            lease.tokens, lease.until, lease.refused_until = granted - 1, now + LEASE_LIFE, 0.0
+            return None
+        lease.tokens, lease.refused_until = 0, now + wait
+        return wait
+
+    async def _take_fleet(
+        self, principal: str, bucket: str, rate: Rate, now: float
+    ) -> tuple[int, float]:
+        name = f"rounds:{bucket}" if bucket else "rounds"
+        if self.rates is not None and now >= self._redis_back:
+            key = self.keys.limit(name, principal)
+            try:
+                return await asyncio.wait_for(
+                    self.rates.take(key, rate.rate, rate.effective_burst(), batch_of(rate)),
+                    self.deadline,
+                )
+            except Exception as e:  # an error of any driver, or the deadline
+                self._redis_failed("rounds", e)
+        wait = self._local.take(f"{name}:{principal}", rate, now)
+        return (0, wait) if wait > 0 else (1, 0.0)
+
+    def _prune(self, now: float) -> None:
+        live = {k: v for k, v in self._leases.items() if v.until > now or v.refused_until > now}
+        if len(live) >= MAX_ENTRIES // 2:
+            live = dict(list(live.items())[len(live) // 2 :])
+        self._leases = live
+
+    # -- sessions ----------------------------------------------------------------
+
+    async def admit_session(self, principal: str) -> tuple[Refusal | None, str | None]:
+        """May ``principal`` open one more session? (refusal, pending place to settle).
+
+        The place is held under a pending member until :meth:`session_opened` or
+        :meth:`session_failed` settles it (its lease bounds an initialize that dies).
+        """
+        cap = self.rules.sessions_for(principal)
+        if not cap:
+            return None, None
+        if self._held.get(principal, 0) >= cap:
+            return self._refused_cap("sessions", principal, cap, SESSION_LEASE / 3), None
+        if self.caps is None or self.clock() < self._redis_back:
+            if self.caps is not None:
+                self._failed("sessions")
+            return None, None
+        pending = "pending-" + secrets.token_hex(8)
+        key = self.keys.limit("sessions", principal)
+        try:
+            wait = await asyncio.wait_for(
+                self.caps.admit(key, cap, pending, SESSION_LEASE), self.deadline
+            )
+        except Exception as e:
+            self._redis_failed("sessions", e)
+            return None, None
+        if wait > 0:
+            return self._refused_cap("sessions", principal, cap, wait), None
+        return None, pending
+
+    def session_opened(self, session: str, principal: str) -> None:
+        """Session ``session`` opened for ``principal``: it holds a place from now on."""
+        if session not in self.sessions:
+            self.sessions[session] = principal
+            self._held[principal] = self._held.get(principal, 0) + 1
+
+    async def settle(self, principal: str, pending: str | None, session: str | None) -> None:
+        """Turn a pending place into ``session``'s (or give it back: None)."""
+        if self.caps is None or pending is None:
+            return
+        key = self.keys.limit("sessions", principal)
+        held = [session] if session is not None else []
+        try:
+            await asyncio.wait_for(
+                self.caps.renew(key, held, [pending], SESSION_LEASE), self.deadline
+            )
+        except Exception as e:
+            self._redis_failed("sessions", e)
+
+    def session_ended(self, session: str) -> None:
+        """``session`` ended here: its place is given back at the next :meth:`renew_sessions`."""
+        principal = self.sessions.pop(session, None)
+        if principal is None:
+            return
+        self._ended.setdefault(principal, []).append(session)
+        left = self._held.get(principal, 1) - 1
+        if left > 0:
+            self._held[principal] = left
+        else:
+            self._held.pop(principal, None)
+
+    async def renew_sessions(self, live: set[str] | None = None) -> None:
+        """Renew the places of the sessions held here (those still in ``live``, when
+        given), re-adding any a Redis that restarted empty lost, and give back the
+        places of sessions that ended. Raises what Redis raised (the caller retries)."""
+        if live is not None:
+            for session in [s for s in self.sessions if s not in live]:
+                self.session_ended(session)
+        if self.caps is None:
+            self._ended.clear()
+            return
+        by_principal: dict[str, list[str]] = {}
+        for session, principal in self.sessions.items():
+            by_principal.setdefault(principal, []).append(session)
+        ended, self._ended = self._ended, {}
+        try:
+            for principal in set(by_principal) | set(ended):
+                key = self.keys.limit("sessions", principal)
+                held, dropped = by_principal.get(principal, []), ended.pop(principal, [])
+                await asyncio.wait_for(
+                    self.caps.renew(key, held, dropped, SESSION_LEASE), self.deadline
+                )
+        finally:
+            for principal, dropped in ended.items():  # not sent: next time
+                self._ended.setdefault(principal, []).extend(dropped)
+
+    # -- refusals ------------------------------------------------------------------
+
+    def _refused(
+        self, limit: str, principal: str, wait: float, rate: Rate, tool: str | None
+    ) -> Refusal:
+        scope = f" of tool {tool!r}" if tool and self.rules.tool_rate(tool) is rate else ""
+        message = (
+            f"Rate limited: rounds{scope} over {rate.rate:g}/s (burst {rate.effective_burst()})"
+            f" for this principal; retry after {max(1, math.ceil(wait))} s"
+        )
+        self._note(limit, principal, tool or "")
+        return Refusal(limit, wait, message)
+
+    def _refused_cap(self, limit: str, principal: str, cap: int, wait: float) -> Refusal:
+        message = (
+            f"Limit reached: {cap} {limit} held by this principal; end one, or retry after"
+            f" {max(1, math.ceil(wait))} s"
+        )
+        self._note(limit, principal, "")
+        return Refusal(limit, wait, message)
+
+    def _note(self, limit: str, principal: str, tool: str) -> None:
+        """Log the first refusal of ``principal`` in a window (counting is the caller's:
+        it knows the bounded label of ``tool``)."""
+        now = self.clock()
+        last = self._logged.get((limit, principal))
+        if last is None or now - last >= LOG_WINDOW:
+            if len(self._logged) > MAX_ENTRIES:
+                self._logged = {k: v for k, v in self._logged.items() if now - v < LOG_WINDOW}
+            self._logged[(limit, principal)] = now
+            log.warning(
+                "limit %s: principal %s refused; its refusals in the next %.0f s are counted,"
+                " not logged",
+                limit,
+                principal,
+                LOG_WINDOW,
+            )
+
+    def limited_recently(self, limit: str, now: float | None = None) -> int:
+        """Principals refused under ``limit`` within the last :data:`LOG_WINDOW` seconds."""
+        now = self.clock() if now is None else now
+        return sum(
+            1 for (name, _), t in self._logged.items() if name == limit and now - t < LOG_WINDOW
+        )
+
+    def _failed(self, limit: str) -> None:
+        if self.observer is not None:
+            self.observer.failed(limit)
+
+    def _redis_failed(self, limit: str, error: BaseException) -> None:
+        self._redis_back = self.clock() + REDIS_BACKOFF
+        self._failed(limit)
+        log.warning(
+            "limit %s: Redis failed (%s); checked in this replica's memory for %.0f s",
+            limit,
+            type(error).__name__,
+            REDIS_BACKOFF,
+        )
