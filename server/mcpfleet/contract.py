@@ -219,7 +219,6 @@ class RedisKeys:
                 f"~{records}",
                 f"~{self.prefix}:once:*",
                 f"~{self.prefix}:session:*",
-                f"~{self.prefix}:limit:*",
             ]
             # publish: MULTI, SET (PX GET), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
             # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET,
@@ -237,17 +236,11 @@ class RedisKeys:
                 "eval",
                 "pttl",
                 "info",
-                # limits (mcpfleet.limits: EVAL of TIME, GET, SET, ZADD, ZREM,
-                # ZREMRANGEBYSCORE, ZSCORE, ZCARD, ZRANGE, PEXPIRE)
-                "time",
-                "zadd",
-                "zrem",
-                "zremrangebyscore",
-                "zscore",
-                "zcard",
-                "zrange",
-                "pexpire",
             ]
+            # The limits per principal: a selector of their own, so their commands
+            # (run by their Lua scripts) reach their keys only.
+            limits = [f"(~{self.prefix}:limit:*", *(f"+{c}" for c in LIMIT_COMMANDS)]
+            limits[-1] += ")"
             # The task queue: a selector of its own (Redis 7), so its commands
             # reach its keys and channels only, never the routes or the ledger.
             # PSUBSCRIBE needs its pattern allowed as written: the workers'
@@ -255,7 +248,7 @@ class RedisKeys:
             selector = [f"(~{self.tasks}:*", f"&{self.tasks}:*", f"&{self.tasks}:cancel:*"]
             selector += [f"+{c}" for c in TASK_QUEUE_COMMANDS]
             selector[-1] += ")"
-            return [*base, *keys, *(f"+{c}" for c in commands), *selector]
+            return [*base, *keys, *(f"+{c}" for c in commands), *selector, *limits]
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
             # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL;
@@ -268,6 +261,13 @@ class RedisKeys:
             raise ValueError(f"component must be one of {REDIS_COMPONENTS}, got {component!r}")
         return [*base, *keys, *(f"+{c}" for c in commands)]
 
+
+#: What the limits per principal send (:mod:`mcpfleet.limits`), on their keys only:
+#: EVAL of their scripts, and what the scripts call.
+LIMIT_COMMANDS: tuple[str, ...] = (
+    "eval", "time", "get", "set", "zadd", "zrem", "zremrangebyscore", "zscore", "zcard",
+    "zrange", "pexpire",
+)  # fmt: skip
 
 #: What the MCP task queue (pydocket, under FastMCP's tasks engine) sends, on
 #: its own keys and channels only (:attr:`RedisKeys.tasks`): its streams

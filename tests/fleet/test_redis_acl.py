@@ -57,7 +57,13 @@ def blue(server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         server.admin,
         FleetOptions(
             fleet="blue",
-            replica_args=("--state-ttl", str(STATE_TTL), "--session-idle", str(SESSION_TTL)),
+            replica_args=(
+                *("--state-ttl", str(STATE_TTL), "--session-idle", str(SESSION_TTL)),
+                # Limits on, far above what the scenarios send: their scripts run
+                # under the replica's user too (a place per session, a rate per round).
+                *("--limit-sessions", "1000", "--limit-rounds", "100000"),
+                *("--limit-burst", "100000"),
+            ),
             router_args=("--session-ttl", str(SESSION_TTL)),
         ),
     )
