@@ -170,7 +170,8 @@ def test_a_unix_socket_is_refused_for_the_queue_saying_why() -> None:
 def test_the_replicas_queue_rules_are_a_selector_on_the_queues_keys_and_channels_only() -> None:
     rules = RedisKeys("blue").acl_rules("replica")
     start = next(i for i, r in enumerate(rules) if r.startswith("("))
-    root, selector = rules[:start], rules[start:]
+    end = next(i for i in range(start, len(rules)) if rules[i].endswith(")"))
+    root, selector = rules[:start], rules[start : end + 1]
     assert selector[0] == "(~mcpfleet:blue:tasks:*" and selector[-1].endswith(")")
     assert [r for r in selector if r[0] in "~&%("] == [
         "(~mcpfleet:blue:tasks:*",

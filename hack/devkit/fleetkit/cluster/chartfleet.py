@@ -35,6 +35,11 @@ from mcpfleet_operator.api import rotation_manifest
 GROUP, VERSION = "mcpfleet.dev", "v1alpha1"
 
 
+#: Test releases run without limits per principal (every test client comes through
+#: one port-forward: one principal); a test of the limits sets its own values.
+NO_LIMITS_VALUES: dict[str, Any] = {"server": {"limits": {"sessions": 0, "rounds": {"rate": 0}}}}
+
+
 @dataclass
 class ChartFleet:
     """One release of the chart in ``namespace`` of ``cluster``."""
@@ -87,7 +92,8 @@ class ChartFleet:
     def values_file(self) -> Path:
         path = self.workdir / "values.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(merge(self.cluster.values, self.values)))
+        base = merge(NO_LIMITS_VALUES, self.cluster.values)
+        path.write_text(yaml.safe_dump(merge(base, self.values)))
         return path
 
     def install(self, *args: str, timeout: float = 600) -> str:
