@@ -283,6 +283,49 @@ def rounds_dashboard() -> dict[str, Any]:
                 ],
             ),
             tasks_row(),
+            limits_row(),
+        ],
+    )
+
+
+# --- the Limits row (mcpfleet / Rounds): limits per principal (docs/limits.md) ----------
+
+LIMITED = "mcpfleet_limited_total"
+
+
+def limits_row() -> tuple[str, list[PanelSpec]]:
+    """Panels over ``mcpfleet_limited_total`` and the limits' gauges."""
+    return (
+        "Limits",
+        [
+            PanelSpec(
+                "Requests refused under a limit",
+                "Requests per second answered 429 under a limit per principal, by limit "
+                "(sessions, rounds) and tool. Sustained refusals fire McpfleetLimitingSustained; "
+                "the replicas' log names the refused principal's digest once a minute.",
+                "ops",
+                (Query(_rate(LIMITED, "limit, tool"), "{{limit}} {{tool}}"),),
+            ),
+            PanelSpec(
+                "Principals refused in the last minute",
+                "Principals a replica refused within the last minute, by limit (every replica "
+                "counts its own: the highest reading is shown).",
+                "short",
+                (
+                    Query(
+                        f"max by (limit) (mcpfleet_limit_principals_limited{{{NS}}})",
+                        "{{limit}}",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Limit checks Redis could not answer",
+                "Limit checks per second answered from a replica's memory because Redis failed "
+                "or passed the deadline (rounds: the rate per replica; sessions: the replica's "
+                "own count).",
+                "ops",
+                (Query(_rate("mcpfleet_limit_checks_failed_total", "limit"), "{{limit}}"),),
+            ),
         ],
     )
 

@@ -26,6 +26,8 @@ EXPECTED = {
     # MCP tasks: a growing queue, tasks failing.
     "McpfleetTaskQueueGrowing",
     "McpfleetTasksFailing",
+    # Limits per principal: refusals that do not stop.
+    "McpfleetLimitingSustained",
     # The operator's tasks wait: a rotation that retired its old key under live tasks.
     "McpfleetKeyRotationAbandonedTasks",
 }

@@ -63,4 +63,6 @@ def test_dashboard_queries_only_name_mcpfleet_metrics_with_one_prefix() -> None:
                 "router",
                 "operator",
                 "tasks",
+                "limited",
+                "limit",
             }, metric
