@@ -92,6 +92,11 @@ class ReplicaConfig:
     #: loads: sealed with its first key, opened with any of its keys
     #: (:class:`mcpfleet.tasks.RingSnapshotCodec`).
     tasks_encrypt: bool = False
+    #: The tasks limit per principal (:mod:`mcpfleet.limits`, ``Count``): at most this
+    #: many tasks queued, running or waiting for input, fleet-wide (0: no cap) ...
+    limit_tasks: int = 0
+    #: ... and this many of them run at once by the fleet's workers (0: no share).
+    limit_tasks_running: int = 0
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"

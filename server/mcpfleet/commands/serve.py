@@ -12,6 +12,7 @@ from mcpfleet.commands import (
     add_listen_flags,
     config_from_args,
     non_negative,
+    non_negative_int,
     positive,
     positive_int,
     redis_fields,
@@ -159,6 +160,20 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         default=rep.tasks_encrypt,
         help="encrypt stored task snapshots under keys derived from the key ring (--keys)",
+    )
+    s.add_argument(
+        "--limit-tasks",
+        type=non_negative_int,
+        default=rep.limit_tasks,
+        help="tasks one principal may hold queued or running, fleet-wide (0: no cap; "
+        f"default {rep.limit_tasks})",
+    )
+    s.add_argument(
+        "--limit-tasks-running",
+        type=non_negative_int,
+        default=rep.limit_tasks_running,
+        help="tasks of one principal the fleet's workers run at once (0: no share; "
+        f"default {rep.limit_tasks_running})",
     )
 
 

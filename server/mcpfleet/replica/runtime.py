@@ -50,6 +50,7 @@ from mcpfleet.keys.codec import ReloadableCodec
 from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
+from mcpfleet.limits import Count, LimitRules
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import DirectCommands, check_version, redact_url
@@ -109,7 +110,9 @@ class Replica:
             sealer = None
             if config.tasks_encrypt:
                 sealer = RingSnapshotCodec(lambda: self.codec.ring, self.metrics.snapshot_event)
-            self.tasks = wire_tasks(self.mcp_app, queue, self.metrics.task_event, sealer)
+            self.tasks = wire_tasks(
+                self.mcp_app, queue, self.metrics.task_event, sealer, limits=flag_limits(config)
+            )
         if self.tasks is not None:
             self.metrics.enable_tasks(self.tasks.busy)
         # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
@@ -435,6 +438,12 @@ class _WithLifespan:
 def build_asgi(replica: Replica) -> ASGIApp:
     """The replica's ASGI app, with the watcher and heartbeat run by its lifespan."""
     return _WithLifespan(replica.asgi, replica.lifespan)
+
+
+def flag_limits(config: ReplicaConfig) -> Callable[[], LimitRules]:
+    """The limits rules the replica's flags give (the tasks limit only, for now)."""
+    rules = LimitRules(tasks=Count(config.limit_tasks, config.limit_tasks_running))
+    return lambda: rules
 
 
 def run_replica(config: ReplicaConfig) -> None:
