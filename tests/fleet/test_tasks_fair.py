@@ -24,11 +24,12 @@ import redis
 from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.taskwire import FINAL, create, task
 from fleetkit.fleet import FleetOptions, local_fleet
+from fleetkit.redisrig import RedisServer, acl_log, redis_fleet
 from mcpfleet.contract import RedisKeys
 from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
 
-from .conftest import shared
+from .conftest import shared, watched
 
 pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make venv-tasks, make test-tasks")
 
@@ -251,3 +252,47 @@ def test_a_principal_with_one_short_task_does_not_wait_behind_anothers_backlog(
 def _alice_running(http: httpx.Client, url: str, ids: list[str], token: str) -> dict[str, Any]:
     statuses = [status(http, url, i, token) for i in ids]
     return {s: statuses.count(s) for s in set(statuses)}
+
+
+def test_the_limits_scripts_run_under_exactly_the_replicas_acl_rules(
+    tmp_path: Path, request: pytest.FixtureRequest, http: httpx.Client
+) -> None:
+    """Every component its own ACL user: the cap's scripts and the share's (pydocket's)
+    run within the queue's selector; ``ACL LOG`` stays empty. Anonymous tasks: one
+    principal, ``shared``."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        flags = ("--limit-tasks", "3", "--limit-tasks-running", "1")
+        lf = redis_fleet(
+            tmp_path / "fleet",
+            [server],
+            f"redis://127.0.0.1:{server.port}/0",
+            server.admin,
+            FleetOptions(fleet="acl", replicas=2, app=APP, replica_args=flags),
+        )
+        acl_log(server, reset=True)
+        with lf, watched(request, lf):
+            made = [create(http, lf.url, "double", {"n": i, "seconds": 1}) for i in range(3)]
+            assert all(m.error is None for m in made), [m.body for m in made]
+            refused = create(http, lf.url, "double", {"n": 3})
+            assert refused.error is not None and refused.error["code"] == -32000
+            ids = [m.result["taskId"] for m in made]
+            assert task(http, lf.url, "tasks/cancel", ids[-1]).error is None
+
+            def ended() -> bool:
+                return all(
+                    task(http, lf.url, "tasks/get", i).result.get("status") in FINAL for i in ids
+                )
+
+            try:
+                wait_for(ended, timeout=30, what="the tasks to end")
+            finally:
+                replica_user = lf.users["replica"][0]
+                denied = {
+                    (d.get("object"), d.get("reason"))
+                    for d in acl_log(server)
+                    if d.get("username") == replica_user
+                }
+                assert denied == set(), denied
+    finally:
+        server.stop()
