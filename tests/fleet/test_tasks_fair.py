@@ -158,6 +158,34 @@ def test_a_principal_past_its_cap_is_refused_and_a_task_ending_gives_its_place_b
     wait_for(lambda: held(capped) == 0, timeout=10, what="every place given back")
 
 
+def test_a_task_waiting_for_input_keeps_its_place_and_gives_it_back_at_its_end(
+    capped: LocalFleet, issuer: TokenIssuer, http: httpx.Client
+) -> None:
+    """A tool taking ``ctx`` that asks (two legs, each admitted under the share): its
+    place is held while it waits for the answer, and given back once it completes."""
+    alice = issuer.token("alice")
+    made = create(http, capped.url, "confirm", {"tag": "held"}, token=alice)
+    assert made.error is None, made.body
+    task_id = made.result["taskId"]
+
+    def asking() -> dict[str, Any] | None:
+        answer = task(http, capped.url, "tasks/get", task_id, token=alice)
+        return answer.result if answer.result.get("status") == "input_required" else None
+
+    asked = wait_for(asking, timeout=15, what="the task to ask")
+    assert held(capped) == 1
+    (key,) = asked["inputRequests"]
+    answer = {key: {"action": "accept", "content": {"ok": True}}}
+    updated = task(http, capped.url, "tasks/update", task_id, token=alice, inputResponses=answer)
+    assert updated.error is None, updated.body
+    wait_for(
+        lambda: status(http, capped.url, task_id, alice) == "completed",
+        timeout=30,
+        what="the task to complete",
+    )
+    assert held(capped) == 0
+
+
 def test_a_killed_workers_tasks_leave_their_principals_count_when_they_end_elsewhere(
     capped: LocalFleet, issuer: TokenIssuer, http: httpx.Client
 ) -> None:
