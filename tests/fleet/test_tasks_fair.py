@@ -275,6 +275,25 @@ def test_a_principal_with_one_short_task_does_not_wait_behind_anothers_backlog(
     )
     assert final == "completed"
     assert start - answered <= BOB_START_BOUND
+    slots, parked = _shares(shared_out)
+    print(f"slots held per principal {sorted(slots.values())}, parked {sorted(parked.values())}")
+    assert slots and all(n <= RUNNING for n in slots.values()), slots
+    assert len(parked) == 1 and next(iter(parked.values())) >= BACKLOG // 2, parked
+
+
+def _shares(lf: LocalFleet) -> tuple[dict[str, int], dict[str, int]]:
+    """Each principal's slots held and tasks parked (pydocket's keys of the share)."""
+    client = redis.Redis(port=lf.redis_port)
+    prefix = f"{RedisKeys(lf.fleet).tasks}:mcpfleet-share:concurrency:_mcpfleet_share:"
+    slots, parked = {}, {}
+    for raw in client.scan_iter(match=f"{prefix}*"):
+        key = raw.decode()
+        principal = key.removeprefix(prefix)
+        if principal.endswith(":waiters"):
+            parked[principal.removesuffix(":waiters")] = int(client.xlen(key))
+        else:
+            slots[principal] = int(client.zcard(key))
+    return slots, parked
 
 
 def _alice_running(http: httpx.Client, url: str, ids: list[str], token: str) -> dict[str, Any]:
