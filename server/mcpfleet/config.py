@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
-from mcpfleet.limits import LimitRules, Rate
+from mcpfleet.limits import Count, LimitRules, Rate
 from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT, RedisFiles
 
 #: The app ``mcpfleet serve`` runs when no ``--app`` is given.
@@ -93,6 +93,11 @@ class ReplicaConfig:
     #: loads: sealed with its first key, opened with any of its keys
     #: (:class:`mcpfleet.tasks.RingSnapshotCodec`).
     tasks_encrypt: bool = False
+    #: The tasks limit per principal (:mod:`mcpfleet.limits`, ``Count``): at most this
+    #: many tasks queued, running or waiting for input, fleet-wide (0: no cap) ...
+    limit_tasks: int = 0
+    #: ... and this many of them run at once by the fleet's workers (0: no share).
+    limit_tasks_running: int = 0
     #: Limits per principal (mcpfleet.limits; 0 is no limit), fleet-wide through
     #: Redis. The defaults protect a fleet shared by many users out of the box:
     #: an agent needs a handful of sessions, not a hundred (the chart's 1,000
@@ -115,6 +120,7 @@ class ReplicaConfig:
         return LimitRules(
             sessions=self.limit_sessions,
             rounds=Rate(self.limit_rounds, self.limit_burst),
+            tasks=Count(self.limit_tasks, self.limit_tasks_running),
         )
 
     def resolved_name(self) -> str:

@@ -275,7 +275,8 @@ LIMIT_COMMANDS: tuple[str, ...] = (
 #: scheduling and worker registry (sorted sets, sets, hashes), results and
 #: the engine's task records (strings with TTLs), its Lua scripts (SCRIPT
 #: LOAD and EXISTS, never FLUSH; EVALSHA), cancellation and progress (PUBLISH, SUBSCRIBE);
-#: WAIT, with which a creation through Sentinel waits for a replica to hold it.
+#: WAIT, with which a creation through Sentinel waits for a replica to hold it;
+#: TIME, the clock of the tasks limit's scripts (:mod:`mcpfleet.tasks._limits`).
 TASK_QUEUE_COMMANDS: tuple[str, ...] = (
     "xadd", "xread", "xreadgroup", "xautoclaim", "xclaim", "xack", "xdel", "xlen", "xgroup",
     "xpending", "xinfo", "xrange",
@@ -287,7 +288,7 @@ TASK_QUEUE_COMMANDS: tuple[str, ...] = (
     "multi", "exec", "eval", "evalsha", "script|load",
     "script|exists",
     "publish", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
-    "info", "wait",
+    "info", "wait", "time",
 )  # fmt: skip
 
 #: The components that connect to Redis, each under its own ACL user.

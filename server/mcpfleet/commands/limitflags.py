@@ -11,17 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mcpfleet.commands import non_negative
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+from mcpfleet.commands import non_negative, non_negative_int
 
 
 def add_flags(s: argparse.ArgumentParser, rep: Any) -> None:
@@ -45,6 +35,20 @@ def add_flags(s: argparse.ArgumentParser, rep: Any) -> None:
         type=non_negative_int,
         default=rep.limit_burst,
         help=f"requests one principal may send at once past its rate (default {rep.limit_burst})",
+    )
+    s.add_argument(
+        "--limit-tasks",
+        type=non_negative_int,
+        default=rep.limit_tasks,
+        help="MCP tasks one principal holds queued or running, fleet-wide; 0: no cap"
+        f" (default {rep.limit_tasks})",
+    )
+    s.add_argument(
+        "--limit-tasks-running",
+        type=non_negative_int,
+        default=rep.limit_tasks_running,
+        help="tasks of one principal the fleet's workers run at once (the rest wait while"
+        f" other principals' run); 0: no share (default {rep.limit_tasks_running})",
     )
     s.add_argument(
         "--limits-file",

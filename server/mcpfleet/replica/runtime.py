@@ -107,13 +107,7 @@ class Replica:
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
-        self.tasks: FleetTasks | None = None
-        if has_tasks_extension(self.mcp_app):
-            queue = fleet_queue_of(config, self.name)
-            sealer = None
-            if config.tasks_encrypt:
-                sealer = RingSnapshotCodec(lambda: self.codec.ring, self.metrics.snapshot_event)
-            self.tasks = wire_tasks(self.mcp_app, queue, self.metrics.task_event, sealer)
+        self.tasks: FleetTasks | None = self._wire_tasks()
         if self.tasks is not None:
             self.metrics.enable_tasks(self.tasks.busy)
         # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
@@ -146,6 +140,24 @@ class Replica:
         self.freeze_gc = False
         #: The fleet's Redis, while the replica serves with one.
         self.redis: Any = None
+
+    def _wire_tasks(self) -> FleetTasks | None:
+        """The app's tasks on the fleet's queue, under the limits in force; None without tasks."""
+        if not has_tasks_extension(self.mcp_app):
+            return None
+        config = self.config
+        sealer = None
+        if config.tasks_encrypt:
+            sealer = RingSnapshotCodec(lambda: self.codec.ring, self.metrics.snapshot_event)
+        return wire_tasks(
+            self.mcp_app,
+            fleet_queue_of(config, self.name),
+            self.metrics.task_event,
+            sealer,
+            # The rules in force (flags, under the watched limits file).
+            limits=lambda: self.limiter.rules,
+            on_limited=self.metrics.limited,
+        )
 
     def _limits(self) -> tuple[Limiter, RulesWatcher | None]:
         """The limits per principal: the flags' rules, under the limits file's when set."""

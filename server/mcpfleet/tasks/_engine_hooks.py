@@ -7,15 +7,18 @@ installed by a named function below, once per process:
 ===  ==================================================  ===================================
  #   replaced in the engine                              why (function here)
 ===  ==================================================  ===================================
-1    ``fastmcp_tasks.extension.create_task``             bounded by ``--tasks-deadline``;
-                                                         counted ``created``; waits for a
-                                                         replica through Sentinel
+1    ``fastmcp_tasks.extension.create_task``             admitted under its principal's cap
+                                                         first; bounded by
+                                                         ``--tasks-deadline``; counted
+                                                         ``created``; waits for a replica
+                                                         through Sentinel
                                                          (:func:`_replace_create_task`)
 2    ``fastmcp_tasks.context.snapshot_codec``            stored snapshots scrubbed of
                                                          credentials, sealed under the ring
                                                          (:func:`_replace_snapshot_codec`)
 3    ``fastmcp_tasks.components.reentrant_task_fn``      how each leg ended, which asyncio
-                                                         task runs it (the drain)
+                                                         task runs it (the drain); the
+                                                         principal's share of the workers
                                                          (:func:`_replace_reentrant_task_fn`)
 4    ``fastmcp_tasks.handlers.mark_cancelled``           counted ``cancelled``, unledgered
                                                          (:func:`_replace_mark_cancelled`)
@@ -25,9 +28,9 @@ installed by a named function below, once per process:
 6    ``fastmcp_tasks.context.TaskContextSnapshot.save``  the seal ledger's entry written
                                                          before the snapshot
                                                          (:func:`_replace_snapshot_save`)
-7    ``fastmcp_tasks.handlers.refresh_snapshot_ttl``     the seal ledger's score slid with
-                                                         the snapshot's TTL
-                                                         (:func:`_replace_refresh_ttl`)
+7    ``fastmcp_tasks.handlers.refresh_snapshot_ttl``     the seal ledger's and the cap's
+                                                         scores slid with the snapshot's
+                                                         TTL (:func:`_replace_refresh_ttl`)
 ===  ==================================================  ===================================
 
 and, on the fleet's own ``TasksExtension`` (never the app's), its
@@ -53,6 +56,7 @@ import asyncio
 import contextvars
 import functools
 import importlib
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
@@ -63,6 +67,7 @@ from mcp_types import INTERNAL_ERROR
 from mcpfleet.contract import task_seals_of
 from mcpfleet.tasks._fleet import FleetTasks, tool_of_key
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
+from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
 
 T = TypeVar("T")
 
@@ -185,7 +190,9 @@ ENGINE_HOOKS: Final = EngineHooks()
 
 
 def _replace_create_task(hooks: EngineHooks, deadline: float) -> None:
-    """The creation (a ``tools/call`` answered with a task): bounded by ``deadline`` (a
+    """The creation (a ``tools/call`` answered with a task): admitted under its principal's
+    cap first (:meth:`TaskLimiter.admit <mcpfleet.tasks._limits.TaskLimiter.admit>`: refused
+    past it, before anything is created), bounded by ``deadline`` (a
     creation cut off may exist), then counted ``created`` and, through Sentinel, held
     until a replica of the queue's master has it (:meth:`FleetTasks.replicate`, bounded
     on its own). The extension calls its module's ``create_task``; plain tool calls it
@@ -197,15 +204,43 @@ def _replace_create_task(hooks: EngineHooks, deadline: float) -> None:
 
     @functools.wraps(create)
     async def created(tool: Any, arguments: Any, ctx: Any) -> Any:
-        result = await create(tool, arguments, ctx)
         fleet = hooks.fleet
-        if fleet is not None:
-            fleet.event(str(tool.name), "created")
-            if fleet.queue.replicated:
-                await fleet.replicate(str(tool.name))
+        if fleet is None:
+            return await create(tool, arguments, ctx)
+        name, scope = str(tool.name), _task_scope()
+        reservation = await fleet.limiter.admit(fleet.docket, name, scope)
+        try:
+            result = await create(tool, arguments, ctx)
+        except Exception:
+            if reservation is not None:
+                await fleet.limiter.cancel(fleet.docket, reservation)
+            raise
+        ttl = _task_ttl(fleet.docket)
+        if reservation is not None:
+            await fleet.limiter.confirm(fleet.docket, reservation, scope, result.task_id, ttl)
+        else:
+            await fleet.limiter.record(fleet.docket, scope, result.task_id, ttl)
+        fleet.event(name, "created")
+        if fleet.queue.replicated:
+            await fleet.replicate(name)
         return result
 
     extension.create_task = _mark(created)
+
+
+def _task_scope() -> str | None:
+    """The engine's task scope of the request being served (None: anonymous)."""
+    context: Any = importlib.import_module("fastmcp_tasks.context")
+    scope = context.get_task_scope()
+    return None if scope is None else str(scope)
+
+
+def _task_ttl(docket: Any) -> int:
+    """Seconds the engine keeps a task's records (and slides on each poll): its
+    Docket's execution TTL plus the engine's buffer, as its creation sets them."""
+    creation: Any = importlib.import_module("fastmcp_tasks.creation")
+    buffer = int(creation.TASK_MAPPING_TTL_BUFFER_SECONDS)
+    return int(docket.execution_ttl.total_seconds()) + buffer
 
 
 def _replace_snapshot_codec(hooks: EngineHooks) -> None:
@@ -233,8 +268,9 @@ def _replace_snapshot_codec(hooks: EngineHooks) -> None:
 def _replace_reentrant_task_fn(hooks: EngineHooks) -> None:
     """The wrapper the engine's registration puts around each task tool: it also tells the
     replica how each leg ended (``input_required``, ``error``, ``completed``,
-    ``failed``), which asyncio task runs it (for the drain), and unledgers a task
-    that ended."""
+    ``failed``), which asyncio task runs it (for the drain), unledgers a task
+    that ended, and declares the principal's share of the workers
+    (:func:`_declare_share`)."""
     components: Any = importlib.import_module("fastmcp_tasks.components")
     reentrant = components.reentrant_task_fn
     if _ours(reentrant):
@@ -254,11 +290,26 @@ def _replace_reentrant_task_fn(hooks: EngineHooks) -> None:
 
         @functools.wraps(inner)
         async def leg(*args: Any, **kwargs: Any) -> Any:
+            kwargs.pop(SHARE_PARAM, None)  # the share's slot, never the tool's
             return await _observed_leg(hooks.fleet, inner, tool_name, args, kwargs)
 
+        _declare_share(hooks, leg, inner)
         return leg
 
     components.reentrant_task_fn = _mark(observed)
+
+
+def _declare_share(hooks: EngineHooks, leg: Any, inner: Callable[..., Any]) -> None:
+    """Give ``leg`` (registered with the queue) the principal's share of the workers:
+    one more keyword parameter, pydocket's ``ConcurrencyLimit`` per principal
+    (:mod:`._share`), resolved by pydocket from the signature and dropped by ``leg``
+    before the tool runs. A tool with a ``ConcurrencyLimit`` of its own keeps it."""
+    if declares_concurrency(inner):
+        return
+    fleet_share = principal_share(lambda: hooks.fleet.share_of() if hooks.fleet else None)
+    signature = with_share(inspect.signature(inner), fleet_share)
+    if signature is not None:
+        leg.__signature__ = signature
 
 
 async def _observed_leg(
@@ -389,8 +440,9 @@ def _replace_snapshot_save(hooks: EngineHooks) -> None:
 
 
 def _replace_refresh_ttl(hooks: EngineHooks) -> None:
-    """The engine's snapshot TTL refresh (a polled task), with a sealer: each seal ledger of
-    the ring's kids that holds the task has its score slid to the new expiry."""
+    """The engine's snapshot TTL refresh (a polled task): the task's place under its
+    principal's cap, and with a sealer each seal ledger of the ring's kids that holds
+    the task, have their score slid to the new expiry."""
     handlers: Any = importlib.import_module("fastmcp_tasks.handlers")
     refresh = handlers.refresh_snapshot_ttl
     if _ours(refresh):
@@ -402,7 +454,10 @@ def _replace_refresh_ttl(hooks: EngineHooks) -> None:
     ) -> None:
         await refresh(docket, task_scope, task_id, ttl_seconds)
         fleet = hooks.fleet
-        if fleet is None or fleet.sealer is None:
+        if fleet is None:
+            return
+        await fleet.limiter.slide(docket, task_scope, task_id, ttl_seconds)
+        if fleet.sealer is None:
             return
         member, until = task_member(task_scope, task_id), time.time() + ttl_seconds
         async with docket.redis() as redis, redis.pipeline(transaction=False) as pipe:

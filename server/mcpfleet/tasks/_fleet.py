@@ -17,6 +17,14 @@ from datetime import timedelta
 from typing import Any, Final, Literal, get_args
 
 from mcpfleet.contract import task_seals_of
+from mcpfleet.tasks._limits import (
+    LimitedHook,
+    RulesProvider,
+    TaskLimiter,
+    capped,
+    no_limits,
+    shared_out,
+)
 from mcpfleet.tasks._queue import FleetQueue
 from mcpfleet.tasks._sealing import RingSnapshotCodec, task_member
 
@@ -70,12 +78,18 @@ class FleetTasks:
         queue: FleetQueue,
         observe: TaskObserver | None,
         sealer: RingSnapshotCodec | None = None,
+        limits: RulesProvider | None = None,
+        on_limited: LimitedHook | None = None,
     ) -> None:
         self.app = app
         self.queue = queue
         self._observe = observe
         #: Encrypts the stored snapshots (``--tasks-encrypt``), or None.
         self.sealer = sealer
+        #: The tasks limit per principal (a cap, a share of the workers), from the
+        #: rules in force (``limits``, read at each use); its Redis calls are bounded
+        #: by half the queue's deadline, so a creation still fits in about one.
+        self.limiter = TaskLimiter(limits or no_limits, queue.deadline / 2, on_limited)
         self._tools: set[str] = set()
         #: The asyncio tasks of the executions this replica's worker runs.
         self.running: set[asyncio.Task[Any]] = set()
@@ -149,14 +163,24 @@ class FleetTasks:
             self._unreplicated_reason = "no replica acknowledged it"
         return int(acked or 0)
 
-    # --- the task-seal ledger (--tasks-encrypt): which live tasks each key sealed
+    def share_of(self) -> Any:
+        """How a worker finds an execution's principal and share, or None when no
+        principal has a share (:mod:`._share`)."""
+        return self.limiter.share_of if shared_out(self.limiter.rules()) else None
+
+    # --- what a task holds until it ends: its place under its principal's cap, and
+    # (--tasks-encrypt) its entry in the seal ledger of the key that sealed it
 
     async def unledger(self, docket: Any, task_scope: str | None, task_id: str) -> None:
-        """The task ended: drop it from the seal ledger of every kid this replica's ring
-        holds (one of them sealed its snapshot). Bounded by the queue's deadline; a
-        failure leaves the entry until its score passes (counted too long, never too
-        short) and is logged without the task's id."""
-        if self.sealer is None or docket is None:
+        """The task ended: give back its place under its principal's cap
+        (:meth:`TaskLimiter.release`), and drop it from the seal ledger of every kid
+        this replica's ring holds (one of them sealed its snapshot). Bounded by the
+        queue's deadline; a failure leaves the entry until its score passes (counted
+        too long, never too short) and is logged without the task's id."""
+        if docket is None:
+            return
+        await self.limiter.release(docket, task_scope, task_id)
+        if self.sealer is None:
             return
         member = task_member(task_scope, task_id)
         try:
@@ -182,7 +206,7 @@ class FleetTasks:
 
     async def unledger_current(self) -> None:
         """:meth:`unledger` for the task whose leg this worker runs now."""
-        if self.sealer is None:
+        if self.sealer is None and not capped(self.limiter.rules()):
             return
         try:
             dependencies: Any = importlib.import_module("docket.dependencies")

@@ -8,6 +8,7 @@ from typing import Any
 
 from mcpfleet.tasks._engine_hooks import ENGINE_HOOKS, bound_requests, tested_engine
 from mcpfleet.tasks._fleet import FleetTasks, TaskObserver
+from mcpfleet.tasks._limits import LimitedHook, RulesProvider
 from mcpfleet.tasks._queue import FleetQueue
 from mcpfleet.tasks._sealing import RingSnapshotCodec
 
@@ -38,6 +39,8 @@ def wire_tasks(
     queue: FleetQueue,
     observe: TaskObserver | None = None,
     sealer: RingSnapshotCodec | None = None,
+    limits: RulesProvider | None = None,
+    on_limited: LimitedHook | None = None,
 ) -> FleetTasks | None:
     """Wire ``app``'s tasks extension to the fleet's queue; None when it has none.
 
@@ -45,7 +48,10 @@ def wire_tasks(
     be visible to every replica of the fleet, whatever the app was written
     for. Its tuning that the fleet does not set (reconnection delay, polling
     interval) is kept. The engine's hooks (:mod:`._engine_hooks`) report to the
-    returned :class:`FleetTasks` from now on.
+    returned :class:`FleetTasks` from now on. ``limits`` gives the rules in force
+    (read at each creation and each leg: the tasks limit per principal,
+    :mod:`._limits`; default none); ``on_limited(limit, tool)`` is called on each
+    creation refused past a cap.
     """
     if not has_tasks_extension(app):
         return None
@@ -65,7 +71,7 @@ def wire_tasks(
     # FastMCP's registration replaces the predecessor's methods (tasks/get,
     # tasks/update, tasks/cancel) with ours; add_extension refuses a second one.
     app._install_extension(ours)
-    handle = FleetTasks(app, queue, observe, sealer)
+    handle = FleetTasks(app, queue, observe, sealer, limits, on_limited)
     ENGINE_HOOKS.attach(handle)
     # The queue logs each execution's key at INFO: a task id (all that guards a
     # task without auth) and, with auth, the caller's client id and subject.
