@@ -344,9 +344,20 @@ class TaskLimiter:
         return task_principal(scope)
 
     async def share_of(self, docket: Any, execution_key: str) -> tuple[str, int]:
-        """The principal of an execution and its share of the workers (0: none)."""
-        principal = await self.principal_of(docket, execution_key)
-        return principal, self.rules().tasks_for(principal).running
+        """The principal of an execution's share of the workers, and the share (0: none).
+
+        Keyed by the task's scope, which every leg carries in its key: a worker may
+        take a task before its creation recorded the owner, and one principal's
+        tasks must never be split over two keys. The share's override per
+        principal is by the first principal that holds it, else the scope's.
+        """
+        from fastmcp_tasks.keys import parse_task_key
+
+        principal = task_principal(parse_task_key(execution_key)["task_scope"])
+        owner = await self.principal_of(docket, execution_key)
+        rules = self.rules()
+        running = rules.tasks_for(owner).running or rules.tasks_for(principal).running
+        return principal, running
 
     async def _bounded(self, docket: Any, call: Callable[[Any], Any], what: str) -> None:
         if docket is None:
