@@ -170,6 +170,8 @@ class NodeFleet(ProcessFleet):
                 # Requests only: a busy 2-core machine must not throttle the pods.
                 "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}},
                 "extraArgs": args,
+                # Every test client is one principal: no limits per principal.
+                "limits": {"sessions": 0, "rounds": {"rate": 0}},
             },
             "keyRing": {"create": False, "secretName": self.secret_name},
             "operator": {"enabled": False},
