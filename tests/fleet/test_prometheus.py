@@ -119,6 +119,10 @@ async def _book(url: str, era: str, destination: str) -> None:
     assert str(result.data).startswith("Booked"), result.data
 
 
+#: The example app's tool the traffic calls past its own rate (mcpfleet.limits).
+LIMITED_TOOL = "weekly_report"
+
+
 def _traffic(lf: ProcessFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> None:
     """Both eras, declines, cancels, errors, rejections, a rotation, a refused ring, a death."""
     url = lf.url
@@ -138,6 +142,9 @@ def _traffic(lf: ProcessFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> N
                 await client.call_tool("book_flight", {"destination": "x"})
 
     asyncio.run(eras())
+    # A tool with a rate of its own (the limits file): its second call is refused.
+    limited = [modern_call(url, LIMITED_TOOL, {}).status for _ in range(2)]
+    assert limited[-1] == 429, limited
     for state in ("v1.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "garbage"):
         refused = modern_call(url, "book_flight", {"destination": "Oslo"}, request_state=state)
         assert refused.error is not None
@@ -208,7 +215,10 @@ def _traffic(lf: ProcessFleet, prom: LocalPrometheus, rings: list[KeyRing]) -> N
 def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     monitoring.require_binary("prometheus")
     work = tmp_path_factory.mktemp("prom-fleet")
-    with local_fleet(work / "fleet", FleetOptions(fleet="promtest")) as lf, shared(lf):
+    limits = work / "limits.json"
+    limits.write_text(json.dumps({"tools": {LIMITED_TOOL: {"rate": 0.01, "burst": 1}}}))
+    options = FleetOptions(fleet="promtest", replica_args=("--limits-file", str(limits)))
+    with local_fleet(work / "fleet", options) as lf, shared(lf):
         prom = LocalPrometheus(
             work / "prometheus", namespace=lf.fleet, interval=1.0, rules=[monitoring.RULES_FILE]
         )

@@ -62,6 +62,18 @@ ONCE_P50_TARGET_MS = 0.3
 
 PLAIN_JSON, PLAIN_SSE = "plain FastMCP, JSON mode", "plain FastMCP, SSE mode"
 REPLICA, REPLICA_ONCE = "mcpfleet replica", "mcpfleet replica, once=True"
+#: The same replica with limits per principal on, every round allowed (mcpfleet.limits):
+#: rates far above the client's, taken from Redis a lease of 200 rounds at a time, and
+#: a rate whose lease is one round (a Redis call per round: the worst case).
+REPLICA_LIMITS = "mcpfleet replica, limits on"
+REPLICA_LIMITS_EACH = "mcpfleet replica, limits on, Redis per round"
+LIMITS_ARGS = {
+    REPLICA_LIMITS: ("--limit-rounds", "2000", "--limit-burst", "4000"),
+    REPLICA_LIMITS_EACH: ("--limit-rounds", "5000", "--limit-burst", "2"),
+}
+#: What the limit check may add to an allowed round: CPU (us) and p50 latency (ms).
+LIMITS_CPU_TARGET_US = 50.0
+LIMITS_P50_TARGET_MS = 0.1
 JSON_MODE, SSE_MODE = "JSON", "SSE"
 
 
@@ -237,6 +249,11 @@ def measure(
             Server(REPLICA, f"{member.url}/mcp", TOOL, rpid),
             Server(REPLICA_ONCE, f"{member.url}/mcp", ONCE_TOOL, rpid),
         ]
+        for i, (name, args) in enumerate(LIMITS_ARGS.items()):
+            lf.replica_args = args  # after the fleet's NO_LIMITS: these win
+            limited = lf.add_replica(f"replica-limits-{i}")
+            assert limited.proc.popen is not None
+            servers.append(Server(name, f"{limited.url}/mcp", TOOL, limited.proc.popen.pid))
         with httpx.Client(timeout=10) as http:
             for s in servers:  # warm every path up: imports, caches, connections
                 _batch(http, s, 50, timed=False)
@@ -306,6 +323,7 @@ def rows_of(servers: dict[str, Server], flows: int) -> list[Row]:
                 "same tool, same response mode, same run",
             )
         )
+    rows += limits_rows(servers)
     added_cpu = once.answer_us - rep.answer_us
     rows.append(
         (
@@ -324,6 +342,28 @@ def rows_of(servers: dict[str, Server], flows: int) -> list[Row]:
             f"{flows} flows each",
         )
     )
+    return rows
+
+
+def limits_rows(servers: dict[str, Server]) -> list[Row]:
+    """The limit check's cost per allowed round, beside the same replica with limits off."""
+    rep = servers[REPLICA]
+    rows: list[Row] = []
+    for name in LIMITS_ARGS:
+        on = servers[name]
+        cpu = ((on.ask_us - rep.ask_us) + (on.answer_us - rep.answer_us)) / 2
+        p50 = statistics.median(on.ask_ms + on.answer_ms) - statistics.median(
+            rep.ask_ms + rep.answer_ms
+        )
+        rows.append(
+            (
+                f"target: {name.removeprefix('mcpfleet replica, ')} adds <= "
+                f"{LIMITS_CPU_TARGET_US:.0f} us CPU and <= {LIMITS_P50_TARGET_MS} ms p50 a round",
+                f"{cpu:+.0f} us, {p50:+.2f} ms",
+                _verdict(cpu <= LIMITS_CPU_TARGET_US and p50 <= LIMITS_P50_TARGET_MS),
+                "every round allowed; same tool, same run, interleaved slices",
+            )
+        )
     return rows
 
 

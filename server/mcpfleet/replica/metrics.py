@@ -281,6 +281,7 @@ class ReplicaMetrics:
             self.limit_principals.labels(limit).set_function(
                 functools.partial(limited_recently, limit)
             )
+            self.limit_failures.labels(limit)  # 0 from the start: a rate() has a series
 
     def codec_event(self, event: str, value: str) -> None:
         """The codec's observer: seals and unseals by kid.
