@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fleetkit import scenarios
 from fleetkit.clients.rawsession import bounded, open_sessions
+from fleetkit.clients.wire import initialize_body
 from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet, ready
 from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
@@ -206,6 +207,74 @@ async def test_a_keyrotation_created_with_kubectl_fails_no_round(release: ChartF
     for pod in release.pods():
         if pod.metadata.deletion_timestamp is None:
             assert (pod.metadata.annotations or {}).get(KEYRING_NUDGE_ANNOTATION) == version
+
+
+def _nudge_servers(release: ChartFleet) -> None:
+    """Annotate the replica pods: the kubelet syncs their volumes (the limits ConfigMap)
+    now rather than at its next periodic sync (docs/limits.md)."""
+    release.kubectl(
+        "annotate",
+        "pods",
+        "-l",
+        release.selector("server"),
+        f"mcpfleet.dev/limits-nudge={time.time_ns()}",
+        "--overwrite",
+    )
+
+
+def _initialize(http: httpx.Client, url: str) -> httpx.Response:
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    return http.post(url, content=initialize_body("e2e-limits"), headers=headers)
+
+
+def test_limits_set_through_chart_values_apply_without_a_restart(release: ChartFleet) -> None:
+    """``helm upgrade --set server.limits.sessions=2``: the ConfigMap changes, no replica
+    restarts, the replicas read it, and this machine's third session is refused with the
+    429; the refusal is in the series the Limits row of the Rounds dashboard reads."""
+    before = {p.metadata.uid for p in release.pods("server") if ready(p)}
+    release.upgrade("--set", "server.limits.sessions=2")
+    _nudge_servers(release)
+    opened: list[str] = []
+    refused: list[httpx.Response] = []
+    with httpx.Client(timeout=10) as http:
+
+        def limited() -> bool:
+            resp = _initialize(http, release.url)
+            if resp.status_code == 200:
+                opened.append(resp.headers["mcp-session-id"])
+                return False
+            refused.append(resp)
+            return resp.status_code == 429
+
+        try:
+            wait_for(limited, timeout=180, interval=1, what="the new session limit in force")
+        finally:
+            for session in opened:
+                http.delete(release.url, headers={"mcp-session-id": session})
+    assert refused[-1].json()["error"]["data"]["limit"] == "sessions"
+    assert int(refused[-1].headers["retry-after"]) >= 1
+    assert {p.metadata.uid for p in release.pods("server") if ready(p)} == before, "no restart"
+    texts = [
+        release.core.connect_get_namespaced_pod_proxy_with_path(
+            f"{pod.metadata.name}:8001", NAMESPACE, "metrics"
+        )
+        for pod in release.pods("server")
+        if ready(pod)
+    ]
+    assert any('mcpfleet_limited_total{limit="sessions"' in t for t in texts), texts
+    for metric in ("mcpfleet_limit_principals_limited", "mcpfleet_limit_checks_failed_total"):
+        assert all(metric in t for t in texts), metric
+    release.upgrade("--set", "server.limits.sessions=0")
+    _nudge_servers(release)
+    with httpx.Client(timeout=10) as http:
+
+        def open_again() -> bool:
+            resp = _initialize(http, release.url)
+            if resp.status_code == 200:
+                http.delete(release.url, headers={"mcp-session-id": resp.headers["mcp-session-id"]})
+            return resp.status_code == 200
+
+        wait_for(open_again, timeout=180, interval=1, what="the limit lifted")
 
 
 async def test_deleting_a_replica_pod_drains_it_and_nothing_fails(release: ChartFleet) -> None:

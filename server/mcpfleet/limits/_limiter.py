@@ -198,10 +198,11 @@ class Limiter:
         if self.rates is not None and now >= self._redis_back:
             key = self.keys.limit(name, principal)
             try:
-                return await asyncio.wait_for(
-                    self.rates.take(key, rate.rate, rate.effective_burst(), batch_of(rate)),
-                    self.deadline,
-                )
+                # asyncio.timeout, not wait_for: no task made per call on the round's path.
+                async with asyncio.timeout(self.deadline):
+                    return await self.rates.take(
+                        key, rate.rate, rate.effective_burst(), batch_of(rate)
+                    )
             except Exception as e:  # an error of any driver, or the deadline
                 self._redis_failed("rounds", e)
         wait = self._local.take(f"{name}:{principal}", rate, now)
