@@ -245,6 +245,44 @@ def test_the_rate_holds_fleet_wide_and_a_tool_of_its_own_gets_its_tighter_rate(
         set_limits(fleet, limits_file, BASE)
 
 
+def test_a_handshake_sessions_rounds_are_rated_too_and_answered_with_their_request_id(
+    fleet: ProcessFleet, issuer: TokenIssuer, limits_file: Path
+) -> None:
+    set_limits(fleet, limits_file, {**BASE, "rounds": {"rate": 1, "burst": 3}})
+    try:
+        gina = bearer(issuer.token("gina"))
+        with httpx.Client(timeout=10) as http:
+            resp = initialize(http, fleet.url, gina)
+            assert resp.status_code == 200, resp.text
+            session = resp.headers["mcp-session-id"]
+            headers = {
+                **JSON_SSE,
+                **gina,
+                "mcp-session-id": session,
+                "mcp-protocol-version": "2025-11-25",
+            }
+            note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            assert http.post(fleet.url, json=note, headers=headers).status_code == 202
+            answers = [
+                http.post(
+                    fleet.url,
+                    json={"jsonrpc": "2.0", "id": 100 + i, "method": "tools/list"},
+                    headers=headers,
+                )
+                for i in range(6)
+            ]
+            # Notifications are never refused, even past the rate.
+            assert http.post(fleet.url, json=note, headers=headers).status_code == 202
+            close_session(http, fleet.url, session, gina)
+        statuses = [a.status_code for a in answers]
+        assert statuses[:3] == [200, 200, 200] and 429 in statuses, statuses
+        refused = next(a for a in answers if a.status_code == 429)
+        assert_limited(refused, "rounds")
+        assert refused.json()["id"] == 100 + statuses.index(429)
+    finally:
+        set_limits(fleet, limits_file, BASE)
+
+
 def test_counts_come_back_right_after_redis_restarts_empty(
     fleet: ProcessFleet, issuer: TokenIssuer
 ) -> None:
