@@ -5,7 +5,9 @@ reads the environment (:func:`wanted`, pure) and, only when tracing is asked
 for, imports the OpenTelemetry SDK and its OTLP/HTTP exporter (the
 ``mcpfleet[tracing]`` extra, which the image carries), sets the global tracer
 provider and adds :class:`TraceIdFilter` to the root logger's handlers. Until
-then, and for good when tracing is off, nothing of the SDK is imported and
+then, and for good when tracing is off, mcpfleet imports nothing of the SDK's
+tracing nor the exporter (redis-py imports the SDK's metrics module when the
+SDK is installed, for its own metrics, off unless an app starts them), and
 every helper here is one test of the module's :data:`ON` flag: the request
 paths test it themselves before doing any work for a span.
 
@@ -119,18 +121,16 @@ def _install_sdk(service: str, instance: str) -> None:
     """The SDK's tracer provider, batch processor and OTLP/HTTP exporter, set globally."""
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create({})
-    defaults: dict[str, str] = {}
-    name = resource.attributes.get("service.name")
-    if not name or str(name).startswith("unknown_service"):
-        defaults["service.name"] = service
-    if "service.instance.id" not in resource.attributes:
-        defaults["service.instance.id"] = instance
-    provider = TracerProvider(resource=resource.merge(Resource(defaults)))
+    # What the environment names (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) wins;
+    # the SDK's own defaults (unknown_service, a random instance id) do not.
+    named = OTELResourceDetector().detect().attributes
+    defaults = {"service.name": service, "service.instance.id": instance}
+    resource = Resource.create({k: v for k, v in defaults.items() if k not in named})
+    provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
 
