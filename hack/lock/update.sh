@@ -2,13 +2,13 @@
 # The exact Python dependency set, with hashes, that the image, `make` and
 # .ci/run install from (`make lock` runs this; commit both files it writes):
 #
-#   hack/lock/runtime.txt   pyproject's dependencies and the [operator] extra:
-#                           what the image installs (Dockerfile)
+#   hack/lock/runtime.txt   pyproject's dependencies and the [operator] and
+#                           [tracing] extras: what the image installs (Dockerfile)
 #   hack/lock/dev.txt       the [test] extra on top: the developer's and CI's venv
 #   hack/lock/tasks.txt     the [test] and [tasks] extras: the venv of the tasks
 #                           tests (make venv-tasks; .venv-tasks), whose FastMCP is
 #                           the newest that has a published tasks engine
-#   hack/lock/runtime-tasks.txt  the [operator] and [tasks] extras: what the
+#   hack/lock/runtime-tasks.txt  the [operator], [tasks] and [tracing] extras: what the
 #                           image for apps with MCP tasks installs (make
 #                           image-tasks; the Dockerfile's LOCK=runtime-tasks)
 #
@@ -26,7 +26,7 @@ uv="${UV:-$root/.venv/bin/uv}"
 digest="$("$root/.venv/bin/python" hack/lock/deps_digest.py)"
 upgrade=()
 [[ "${UPGRADE:-0}" == 1 ]] && upgrade=(--upgrade)
-for spec in "runtime:operator" "dev:test" "tasks:test,tasks" "runtime-tasks:operator,tasks"; do
+for spec in "runtime:operator,tracing" "dev:test" "tasks:test,tasks" "runtime-tasks:operator,tasks,tracing"; do
 	name="${spec%%:*}"
 	extras=()
 	IFS=, read -ra names <<<"${spec#*:}"

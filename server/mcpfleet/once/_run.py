@@ -15,6 +15,7 @@ from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.tools.base import ToolResult
 
+from mcpfleet import tracing
 from mcpfleet.once import _errors as errors
 from mcpfleet.once._errors import FlowOutcomeUnknown, FlowUnavailable
 from mcpfleet.once._flows import OnceFlows, Release, flows_of
@@ -78,7 +79,8 @@ async def run_once(
 async def _claim(b: OnceFlows, flow: str, mine: Record) -> Record | None:
     """Claim ``flow`` for this round: None (taken) or the record another round holds."""
     try:
-        return await b.ledger.claim(flow, mine, CLAIM_LEASE)
+        with tracing.child("mcpfleet.once.claim"):
+            return await b.ledger.claim(flow, mine, CLAIM_LEASE)
     except LedgerFull as exc:
         log.warning("once: flow not claimed, the ledger is full: %s", exc)
         b.seen(OnceOutcome.FULL)
@@ -99,7 +101,9 @@ async def _confirm(
     replied = time.monotonic()
     lifetime = claim_lifetime(b.token_ttl, end, time.time())
     try:
-        said = await b.ledger.confirm(flow, mine, lifetime, replied)
+        with tracing.child("mcpfleet.once.confirm"):
+            said = await b.ledger.confirm(flow, mine, lifetime, replied)
+            tracing.note("mcpfleet.once.confirmed", said.value)
     except LedgerUnavailable as exc:
         log.warning("once: claim not confirmed, the ledger is unavailable: %s", exc)
         _release_later(b, flow, mine)
@@ -166,7 +170,8 @@ def _keep(b: OnceFlows, flow: str, record: Record, lifetime: float) -> None:
         pause = 0.1
         while True:
             try:
-                await b.ledger.store(flow, record, lifetime)
+                with tracing.child("mcpfleet.once.store"):
+                    await b.ledger.store(flow, record, lifetime)
                 return
             except LedgerUnavailable as exc:
                 if time.monotonic() + pause >= give_up:

@@ -66,6 +66,8 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+from mcpfleet import tracing
+
 __all__ = [
     "ASKING_METHODS",
     "ROUND_BUCKETS",
@@ -280,8 +282,15 @@ class PrometheusMiddleware(Middleware):
         # Counted once the component is known to exist: until then its name is
         # only what the client sent.
         self._count_responses(current, answers)
+        self._settle(current, result, modern)
+        return result
+
+    def _settle(self, current: _Round, result: Any, modern: bool) -> None:
+        """Count the round ``result`` ended: asking, or final (ok or error)."""
         if isinstance(result, _ASKING_RESULTS):
             if modern:
+                if tracing.ON:
+                    _note_questions(result)
                 self._end(current, "asking", "ok")
             else:
                 # The framework refuses an InputRequiredResult on a handshake-era
@@ -291,9 +300,10 @@ class PrometheusMiddleware(Middleware):
             self._final(current, "error")
         else:
             self._final(current, "ok")
-        return result
 
     def _end(self, r: _Round, kind: str, outcome: str) -> None:
+        if tracing.ON:
+            _note_round(r, kind, outcome)
         self.rounds.labels(kind, r.component_type, r.component, r.era, outcome, r.step).inc()
         self.duration.labels(r.component_type, r.component, kind, r.era).observe(
             time.perf_counter() - r.started
@@ -340,3 +350,24 @@ class PrometheusMiddleware(Middleware):
 
         state["send_request"] = observed_send_request
         state[self._wrapped_key] = True
+
+
+def _note_round(r: _Round, kind: str, outcome: str) -> None:
+    """The round on the current span (FastMCP's span of the request, when tracing is
+    on): its kind, era, step and outcome. A handshake-era call is several rounds in
+    one request: each is an event, and the attributes tell the last."""
+    tracing.note("mcpfleet.round.kind", kind)
+    tracing.note("mcpfleet.round.era", r.era)
+    tracing.note("mcpfleet.round.step", r.step)
+    tracing.note("mcpfleet.round.outcome", outcome)
+    if r.era == "handshake":
+        tracing.event(
+            "mcpfleet.round", {"mcpfleet.round.kind": kind, "mcpfleet.round.step": r.step}
+        )
+
+
+def _note_questions(result: Any) -> None:
+    """How many questions an asking round put to the client (its ``inputRequests``)."""
+    asked = getattr(getattr(result, "input_required", None), "input_requests", None)
+    if asked is not None:
+        tracing.note("mcpfleet.round.questions", len(asked))

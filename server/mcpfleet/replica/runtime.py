@@ -39,6 +39,7 @@ from prometheus_client import generate_latest
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpfleet import tracing
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import (
     LOST_AT_DRAIN_DEADLINE,
@@ -63,6 +64,7 @@ from mcpfleet.replica.limitgate import LimitGate
 from mcpfleet.replica.metrics import ReplicaMetrics
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
+from mcpfleet.replica.tracing import TracedRequests
 from mcpfleet.sigterm import SigtermFirstServer
 from mcpfleet.tasks import (
     FleetTasks,
@@ -131,6 +133,9 @@ class Replica:
             allowed_hosts=list(config.allowed_hosts) or None,
             allowed_origins=list(config.allowed_origins) or None,
         )
+        if tracing.ON:
+            # The caller's trace continued around the app (FastMCP's spans join it).
+            inner = TracedRequests(inner, self.name)
         self.asgi: ASGIApp = ReplicaGate(
             inner, self.state, extra_routes={"/metrics": self.serve_metrics}
         )
@@ -495,6 +500,9 @@ def build_asgi(replica: Replica) -> ASGIApp:
 def run_replica(config: ReplicaConfig) -> None:
     """Serve one replica until drained (SIGTERM) or stopped (SIGINT)."""
     ring = read_ring(config.keys_dir)
+    # Traces, when the OTEL_* environment asks for them: before the app is loaded,
+    # so FastMCP's spans stay on (appload.quiet_telemetry) and join the request's.
+    tracing.configure("mcpfleet-replica", config.resolved_name())
     for name in SESSION_ID_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     replica = Replica(config, ring)

@@ -55,8 +55,9 @@ from typing import Any, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
+from mcpfleet import tracing
 from mcpfleet.config import RouterConfig
-from mcpfleet.contract import DRAINING_HEADER, SESSION_HEADER, RedisKeys
+from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.redisconn import check_version, follow_master, redact_url
 from mcpfleet.registry import connect
@@ -95,6 +96,9 @@ from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")
 _T = TypeVar("_T")
+
+#: The paths the router names as ``http.route`` in its spans (any other: none).
+_ROUTES = frozenset({MCP_PATH})
 
 
 class Route(enum.StrEnum):
@@ -137,7 +141,8 @@ class Router:
         self.origin_policy = OriginPolicy.for_bind(
             config.host, config.allowed_hosts, config.allowed_origins
         )
-        self.upstream = Upstream(config.connect_timeout)
+        # Tracing: the client's traceparent is replaced by the router's span's.
+        self.upstream = Upstream(config.connect_timeout, own_traceparent=tracing.ON)
         #: What becomes of a session whose owner is gone (the 404, or a move).
         self.rehomer = Rehomer(
             config, self.sessions, self.view, self.upstream, self.metrics, self.health
@@ -264,8 +269,26 @@ class Router:
             await send({"type": "http.response.body", "body": body})
             return
         started = time.perf_counter()
-        route, outcome = await self._route(scope, receive, send, started)
+        if tracing.ON:
+            route, outcome = await self._traced(scope, receive, send, started)
+        else:
+            route, outcome = await self._route(scope, receive, send, started)
         self.metrics.request_done(route, outcome)
+
+    async def _traced(
+        self, scope: Scope, receive: Receive, send: Send, started: float
+    ) -> tuple[str, RequestOutcome | Failure]:
+        """:meth:`_route` in the request's SERVER span (tracing on): the client's trace
+        continued, the routing decision and the outcome as its attributes."""
+        route_name = tracing.http_route(scope["path"], _ROUTES)
+        with tracing.server_span(scope, route_name) as span:
+            recording, status = tracing.status_recorder(send)
+            route, outcome = await self._route(scope, receive, recording, started)
+            span.set_attribute("mcpfleet.route", route)
+            span.set_attribute("mcpfleet.outcome", outcome.value)
+            failed = outcome.value if isinstance(outcome, Failure) else None
+            tracing.end_http(span, status[0] if status else None, failed)
+        return route, outcome
 
     async def _route(
         self, scope: Scope, receive: Receive, send: Send, started: float
@@ -304,6 +327,8 @@ class Router:
             return RequestOutcome.REJECTED
         route, source = await self.sessions.lookup(session)
         self.metrics.lookups.labels(source).inc()
+        if tracing.ON:
+            tracing.note("mcpfleet.session.lookup", source.value)
         if route is None:
             if source is LookupSource.BUSY:
                 # A burst holds every Redis connection: the session may exist.
@@ -382,9 +407,13 @@ class Router:
         self, x: Exchange, route: str, cause: OwnerGone, rehomed: bool
     ) -> RequestOutcome | Failure:
         """The owner on ``route`` is gone: the 404, or, re-homing, on to the new route."""
+        if tracing.ON:
+            tracing.note("mcpfleet.owner_gone", cause.value)
         moved = await self.rehomer.gone(x, route, cause, rehomed)
         if isinstance(moved, RequestOutcome):
             return moved
+        if tracing.ON:
+            tracing.note("mcpfleet.rehomed", True)
         # The client's own headers go along (its session id swapped by _to_route).
         return await self._to_route(x, moved, True)
 
@@ -411,6 +440,8 @@ class Router:
                 ):
                     tried.discard(replica.name)  # restarted elsewhere: it may take it
                 self.metrics.retries.labels(outcome.value).inc()
+                if tracing.ON:
+                    _note_resend(len(tried), outcome)
                 continue
             if outcome is Failure.DROPPED:
                 await outcome_unknown(x.send, replica.name)
@@ -447,6 +478,8 @@ class Router:
         try:
             try:
                 line = client_session_line(session) if alias and session else b""
+                if tracing.ON:
+                    line += _traced_to(name)
                 upstream = await _unless_client_leaves(
                     self.upstream.open(x.scope, name, address, x.body, line),
                     x.scope,
@@ -519,6 +552,20 @@ class Router:
             task = asyncio.ensure_future(self.upstream.notify(x.scope, address, notices))
             self._notices.add(task)
             task.add_done_callback(self._notices.discard)
+
+
+def _note_resend(attempts: int, why: Failure) -> None:
+    """A request sent again to another replica: how many times so far, and why."""
+    tracing.note("mcpfleet.resend.count", attempts)
+    tracing.note("mcpfleet.resend.reason", why.value)
+
+
+def _traced_to(name: str) -> bytes:
+    """The forward to replica ``name`` noted on the request's span, and the header
+    line that carries the span's context to the replica."""
+    tracing.note("mcpfleet.replica", name)
+    parent = tracing.traceparent()
+    return b"traceparent: " + parent + b"\r\n" if parent else b""
 
 
 class _ClientLeft(Exception):

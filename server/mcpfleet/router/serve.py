@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import uvicorn
 
+from mcpfleet import tracing
 from mcpfleet.config import RouterConfig
 from mcpfleet.router.proxy import Router
 from mcpfleet.sigterm import SigtermFirstServer
@@ -70,6 +72,8 @@ def router_server(config: RouterConfig) -> ClosingServer:
 
 
 def run_router(config: RouterConfig) -> None:
+    # Traces, when the OTEL_* environment asks for them (before the router reads tracing.ON).
+    tracing.configure("mcpfleet-router", socket.gethostname())
     server = router_server(config)
     # uvicorn re-raises the SIGINT it handled; by then we are done.
     with contextlib.suppress(KeyboardInterrupt):

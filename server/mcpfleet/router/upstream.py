@@ -118,14 +118,18 @@ def forward_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
 
 
 _DROP_RAW = frozenset(n.encode() for n in HOP_BY_HOP | _CLIENT_MAY_NOT_SET | {"content-length"})
+#: Dropped too when the router traces: it sends its own span's ``traceparent``.
+_DROP_TRACED = _DROP_RAW | {b"traceparent"}
 
 
-def forward_header_block(raw: list[tuple[bytes, bytes]], client: str | None) -> bytes:
+def forward_header_block(
+    raw: list[tuple[bytes, bytes]], client: str | None, drop: frozenset[bytes] = _DROP_RAW
+) -> bytes:
     """The client's request headers as the replica should see them, as an HTTP/1.1
     header block (``name: value\\r\\n`` lines, names lower-cased) without ``Host``
     and ``Content-Length`` (the upstream client sets both), with ``X-Forwarded-For``
-    naming ``client``. The same headers as :func:`forward_headers`, without decoding."""
-    drop = _DROP_RAW
+    naming ``client``. The same headers as :func:`forward_headers`, without decoding.
+    ``drop``: the names never forwarded (lower-case)."""
     parts: list[bytes] = []
     for k, v in raw:
         name = k.lower()
@@ -194,8 +198,11 @@ UPSTREAM_IDLE_SECONDS = 5.0
 class Upstream:
     """The router's HTTP client to the replicas: open a request, relay its response."""
 
-    def __init__(self, connect_timeout: float) -> None:
+    def __init__(self, connect_timeout: float, own_traceparent: bool = False) -> None:
         self.connect_timeout = connect_timeout
+        #: The client's headers never forwarded (with tracing: its ``traceparent``
+        #: too, the router sending its own span's instead).
+        self.drop = _DROP_TRACED if own_traceparent else _DROP_RAW
         # Idle upstream connections are dropped well before a replica would close
         # them: a request never races a closing connection.
         self.pool = Pool(connect_timeout, UPSTREAM_IDLE_SECONDS)
@@ -221,7 +228,8 @@ class Upstream:
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
         client = scope.get("client")
-        headers = forward_header_block(scope["headers"], client[0] if client else None) + extra
+        peer = client[0] if client else None
+        headers = forward_header_block(scope["headers"], peer, self.drop) + extra
         try:
             return await self.pool.request(
                 address, scope["method"].encode("latin-1"), target, headers, body

@@ -1,0 +1,43 @@
+"""The replica's span of each request: the caller's trace continued around the app.
+
+FastMCP opens its own spans when an OpenTelemetry SDK is configured, but it
+reads a parent only from a request's ``_meta``, never from the HTTP
+``traceparent`` header the router forwards. :class:`TracedRequests`, an ASGI
+layer in front of the app (installed only when :mod:`mcpfleet.tracing` is
+on: no layer, no cost, when off), opens the replica's SERVER span under the
+incoming context and makes it current, so FastMCP's spans, the rounds
+middleware's attributes and the once-ledger's spans join the caller's trace.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mcpfleet import tracing
+from mcpfleet.contract import MCP_PATH
+
+_ROUTES = frozenset({MCP_PATH})
+
+
+class TracedRequests:
+    """Each HTTP request of ``app`` in a SERVER span continuing its ``traceparent``.
+
+    ``replica``: the replica's name (``mcpfleet.replica``); ``era`` is
+    told by the rounds middleware once the request is a round.
+    """
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app = app
+        self.replica = replica
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = tracing.http_route(scope["path"], _ROUTES)
+        with tracing.server_span(scope, route, **{"mcpfleet.replica": self.replica}) as span:
+            recording, status = tracing.status_recorder(send)
+            try:
+                await self.app(scope, receive, recording)
+            finally:
+                tracing.end_http(span, status[0] if status else None)

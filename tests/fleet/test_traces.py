@@ -1,0 +1,262 @@
+"""Traces through a real fleet: the router's and the replicas' spans, exported over
+OTLP/HTTP to a receiver in this process, one trace from the client's traceparent.
+
+The receiver is a real OTLP/HTTP endpoint (``POST /v1/traces``) that decodes each
+``ExportTraceServiceRequest`` with ``opentelemetry-proto``: nothing of the SDK is
+mocked; the processes export as they would to a collector.
+"""
+
+from __future__ import annotations
+
+import gzip
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+
+from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.wire import accept, modern_call
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
+from mcpfleet.dev.wait import wait_for
+
+from .conftest import shared
+
+pytestmark = pytest.mark.fleet
+
+APP = "fleetkit.apps.onceapp:app"
+
+
+@dataclass(frozen=True)
+class Got:
+    """One span as received: its service, and the span's fields that matter here."""
+
+    service: str
+    name: str
+    kind: int
+    trace_id: str
+    span_id: str
+    parent: str
+    attributes: dict[str, Any]
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on 127.0.0.1: every span it was sent, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[Got] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                receiver.take(ExportTraceServiceRequest.FromString(body))
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def take(self, request: ExportTraceServiceRequest) -> None:
+        got = []
+        for rs in request.resource_spans:
+            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    got.append(
+                        Got(
+                            service=str(resource.get("service.name")),
+                            name=s.name,
+                            kind=s.kind,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent=s.parent_span_id.hex(),
+                            attributes={a.key: _value(a.value) for a in s.attributes},
+                        )
+                    )
+        with self.lock:
+            self.spans += got
+
+    def of_trace(self, trace_id: str) -> list[Got]:
+        with self.lock:
+            return [s for s in self.spans if s.trace_id == trace_id]
+
+
+def _value(v: Any) -> Any:
+    """An OTLP ``AnyValue`` as a Python value."""
+    which = v.WhichOneof("value")
+    return getattr(v, which) if which else None
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    r.thread.start()
+    try:
+        yield r
+    finally:
+        r.server.shutdown()
+        r.server.server_close()
+
+
+def _fleet_env(receiver: Receiver, tmp: Path, **extra: str) -> dict[str, str]:
+    return {
+        EFFECTS_ENV: str(tmp / "effects.log"),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        # Exported within a fifth of a second, not the default five.
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[ProcessFleet]:
+    workdir = tmp_path_factory.mktemp("traced")
+    options = FleetOptions(replicas=2, app=APP, env=_fleet_env(receiver, workdir))
+    with local_fleet(workdir, options) as lf, shared(lf):
+        yield lf
+
+
+def _traceparent(trace_id: str) -> tuple[str, str]:
+    """A client's ``traceparent`` in trace ``trace_id`` (sampled), and its span id."""
+    span = secrets.token_hex(8)
+    return f"00-{trace_id}-{span}-01", span
+
+
+def _two_rounds(url: str, trace_id: str) -> tuple[str, str]:
+    """A modern once-flow's asking and final rounds, each sent with a traceparent of
+    ``trace_id``: the client span ids of the two requests."""
+    header, asking = _traceparent(trace_id)
+    first = modern_call(url, "charge", {"order": "t-1"}, headers={"traceparent": header})
+    assert first.result.get("resultType") == "input_required", first.body
+    header, final = _traceparent(trace_id)
+    answer = modern_call(
+        url,
+        "charge",
+        {"order": "t-1"},
+        request_state=first.result["requestState"],
+        input_responses={"ok": accept(True)},
+        headers={"traceparent": header},
+    )
+    assert answer.status == 200 and answer.error is None, answer.body
+    return asking, final
+
+
+def _one_child(spans: list[Got], parent: str, service: str, name: str | None = None) -> Got:
+    found = [
+        s
+        for s in spans
+        if s.parent == parent and s.service == service and (name is None or s.name == name)
+    ]
+    assert len(found) == 1, (parent, service, name, spans)
+    return found[0]
+
+
+def _round(spans: list[Got], client_span: str) -> dict[str, Got]:
+    """One request's spans under the client's span: router, replica, FastMCP's."""
+    router = _one_child(spans, client_span, "mcpfleet-router")
+    assert router.kind == PbSpan.SPAN_KIND_SERVER and router.name == "POST /mcp"
+    replica = _one_child(spans, router.span_id, "mcpfleet-replica", "POST /mcp")
+    assert replica.kind == PbSpan.SPAN_KIND_SERVER
+    tool = _one_child(spans, replica.span_id, "mcpfleet-replica", "tools/call charge")
+    return {"router": router, "replica": replica, "tool": tool}
+
+
+def _expected(spans: list[Got]) -> bool:
+    """Whether every span of :func:`_two_rounds` arrived."""
+    names = [(s.service, s.name) for s in spans]
+    return (
+        names.count(("mcpfleet-router", "POST /mcp")) == 2
+        and names.count(("mcpfleet-replica", "POST /mcp")) == 2
+        and names.count(("mcpfleet-replica", "tools/call charge")) == 2
+        and ("mcpfleet-replica", "mcpfleet.once.claim") in names
+        and ("mcpfleet-replica", "mcpfleet.once.confirm") in names
+    )
+
+
+def test_a_modern_flow_through_the_router_is_one_trace_under_the_clients_span(
+    traced: ProcessFleet, receiver: Receiver
+) -> None:
+    trace_id = secrets.token_hex(16)
+    asking, final = _two_rounds(traced.url, trace_id)
+    # Two requests of three spans each, and the final round's claim and confirmation;
+    # each process exports its own batches, so they arrive in any order.
+    wait_for(lambda: _expected(receiver.of_trace(trace_id)), timeout=15, what="the trace's spans")
+    spans = receiver.of_trace(trace_id)
+    first, last = _round(spans, asking), _round(spans, final)
+    for one in (first, last):
+        router = one["router"].attributes
+        assert router["http.request.method"] == "POST" and router["http.route"] == "/mcp"
+        assert router["http.response.status_code"] == 200
+        assert router["mcpfleet.route"] == "stateless" and router["mcpfleet.outcome"] == "ok"
+        assert router["mcpfleet.replica"] == one["replica"].attributes["mcpfleet.replica"]
+        assert one["tool"].attributes["mcpfleet.round.era"] == "modern"
+        assert one["tool"].attributes["gen_ai.tool.name"] == "charge"
+    assert first["tool"].attributes["mcpfleet.round.kind"] == "asking"
+    assert first["tool"].attributes["mcpfleet.round.questions"] == 1
+    assert last["tool"].attributes["mcpfleet.round.kind"] == "final"
+    assert last["tool"].attributes["mcpfleet.round.step"] == "continue"
+    tool = last["tool"].span_id
+    _one_child(spans, tool, "mcpfleet-replica", "mcpfleet.once.claim")
+    confirm = _one_child(spans, tool, "mcpfleet-replica", "mcpfleet.once.confirm")
+    assert confirm.attributes["mcpfleet.once.confirmed"] == "yes"
+
+
+def test_a_request_without_traceparent_starts_a_trace_at_the_router(
+    traced: ProcessFleet, receiver: Receiver
+) -> None:
+    before = {s.trace_id for s in receiver.spans}
+    first = modern_call(traced.url, "charge", {"order": "t-2"})
+    assert first.status == 200, first.body
+
+    def new_router_root() -> list[Got]:
+        with receiver.lock:
+            return [
+                s
+                for s in receiver.spans
+                if s.trace_id not in before and s.service == "mcpfleet-router" and not s.parent
+            ]
+
+    wait_for(lambda: bool(new_router_root()), timeout=15, what="a router span without parent")
+    (root,) = new_router_root()
+    wait_for(
+        lambda: any(s.parent == root.span_id for s in receiver.of_trace(root.trace_id)),
+        timeout=15,
+        what="the replica's span under the router's",
+    )
+
+
+def test_with_tracing_off_nothing_is_exported(
+    tmp_path: Path, receiver: Receiver, traced: ProcessFleet
+) -> None:
+    # The endpoint is set, but the exporter is "none": tracing stays off.
+    env = _fleet_env(receiver, tmp_path, OTEL_TRACES_EXPORTER="none")
+    trace_id = secrets.token_hex(16)
+    with local_fleet(tmp_path, FleetOptions(replicas=1, app=APP, env=env)) as lf:
+        _two_rounds(lf.url, trace_id)
+        # A probe through the traced fleet, after: its spans arrive after any the
+        # untraced fleet would have exported (the same batch delay, started earlier).
+        probe = secrets.token_hex(16)
+        _two_rounds(traced.url, probe)
+        wait_for(lambda: _expected(receiver.of_trace(probe)), timeout=15, what="the probe's spans")
+        assert receiver.of_trace(trace_id) == []

@@ -1,0 +1,186 @@
+"""Traces: which environment turns them on, nothing of the SDK loaded when off, the
+forwarded traceparent, the log lines' trace ids, the replica's spans in process.
+
+What sets a tracer provider runs in a subprocess: the provider is process-wide,
+and the other tests expect none (appload.quiet_telemetry).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mcpfleet import tracing
+from mcpfleet.router.upstream import Upstream, forward_header_block
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+ENDPOINT = "http://127.0.0.1:4318"
+
+
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ENDPOINT + "/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, False),
+        ({"OTEL_TRACES_EXPORTER": "console"}, False),
+        ({"OTEL_TRACES_EXPORTER": "console,otlp"}, True),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, False),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            },
+            True,
+        ),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "false"}, True),
+    ],
+)
+def test_only_the_otel_environment_turns_tracing_on(environ: dict[str, str], on: bool) -> None:
+    assert tracing.wanted(environ)[0] is on
+
+
+def _run(script: str, **env: str) -> str:
+    """``script`` in a fresh interpreter with no OTEL_* variable but ``env``; its stdout."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+#: What tracing loads: the SDK's tracing and the OTLP exporter. (redis-py imports the
+#: SDK's metrics module when the SDK is installed, for its own optional metrics,
+#: which stay off unless an app turns them on: not mcpfleet's, and not per request.)
+TRACING_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.proto")
+
+
+def test_with_tracing_off_the_processes_never_import_the_sdks_tracing() -> None:
+    out = _run(
+        f"""
+        import sys
+        from mcpfleet import tracing
+        import mcpfleet.router.proxy, mcpfleet.router.serve, mcpfleet.replica.runtime
+        assert tracing.configure("mcpfleet-replica", "r-1") is False
+        print(tracing.ON, sorted(m for m in sys.modules if m.startswith({TRACING_MODULES!r})))
+        """
+    )
+    assert out.split() == ["False", "[]"]
+
+
+def test_configured_the_sdk_names_the_service_unless_the_environment_does() -> None:
+    script = """
+        from opentelemetry import trace
+        from mcpfleet import tracing
+        assert tracing.configure("mcpfleet-router", "host-1") is True
+        attrs = trace.get_tracer_provider().resource.attributes
+        print(attrs["service.name"], attrs["service.instance.id"], tracing.ON)
+        """
+    assert _run(script, OTEL_EXPORTER_OTLP_ENDPOINT=ENDPOINT).split() == [
+        "mcpfleet-router",
+        "host-1",
+        "True",
+    ]
+    mine = _run(
+        script,
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_SERVICE_NAME="shop",
+        OTEL_RESOURCE_ATTRIBUTES="service.instance.id=pod-7",
+    )
+    assert mine.split() == ["shop", "pod-7", "True"]
+
+
+def test_the_router_sends_its_own_traceparent_only_when_tracing() -> None:
+    raw = [
+        (b"traceparent", b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"),
+        (b"tracestate", b"k=v"),
+        (b"content-type", b"application/json"),
+    ]
+    plain = forward_header_block(raw, None, Upstream(1.0).drop)
+    assert b"traceparent: 00-aaaa" in plain and b"tracestate: k=v" in plain
+    traced = forward_header_block(raw, None, Upstream(1.0, own_traceparent=True).drop)
+    assert b"traceparent" not in traced
+    assert b"tracestate: k=v\r\n" in traced and b"content-type" in traced
+
+
+def test_off_the_helpers_do_nothing() -> None:
+    assert not tracing.ON
+    assert tracing.traceparent() == b""
+    tracing.note("mcpfleet.route", "stateless")
+    with tracing.child("mcpfleet.once.claim"):
+        pass
+
+
+def test_log_lines_carry_the_trace_ids_of_the_current_span() -> None:
+    record = logging.LogRecord("mcpfleet", logging.INFO, __file__, 1, "forwarded", None, None)
+    formatter = tracing.WithTraceIds(logging.Formatter("%(message)s"))
+    assert tracing.TRACE_IDS.filter(record)
+    assert formatter.format(record) == "forwarded"  # no span: the line as it was
+    record.trace_id, record.span_id = "a" * 32, "b" * 16
+    assert formatter.format(record) == f"forwarded trace_id={'a' * 32} span_id={'b' * 16}"
+
+
+REPLICA_SCRIPT = """
+    import tempfile
+    from pathlib import Path
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from starlette.testclient import TestClient
+
+    from fleetkit.clients.wire import modern_call
+    from mcpfleet import tracing
+    from mcpfleet.keys.files import write_ring
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.replica.runtime import Replica, ReplicaConfig, build_asgi
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    trace.set_tracer_provider(provider)
+    tracing.ON = True
+    keys = Path(tempfile.mkdtemp()) / "keys"
+    write_ring(keys, KeyRing.generate())
+    replica = Replica(ReplicaConfig(keys_dir=keys, name="replica-t"), KeyRing.generate())
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with TestClient(build_asgi(replica)) as http:
+        answer = modern_call(
+            "http://testserver/mcp", "book_flight", {"destination": "Oslo"},
+            client=http, headers={"traceparent": parent},
+        )
+        assert answer.result["resultType"] == "input_required", answer.body
+    for s in exported.get_finished_spans():
+        print(
+            s.name, f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}",
+            f"{s.parent.span_id:016x}", s.attributes.get("mcpfleet.round.kind", "-"),
+        )
+"""
+
+
+def test_the_replica_continues_the_incoming_context_into_fastmcps_spans() -> None:
+    out = _run(REPLICA_SCRIPT, PYTHONPATH=str(ROOT / "hack" / "devkit"))
+    spans = {" ".join(line.split()[:2]): line.split()[2:] for line in out.splitlines()}
+    http, tool = spans["POST /mcp"], spans["tools/call book_flight"]
+    assert http[0] == tool[0] == "0af7651916cd43dd8448eb211c80319c"
+    assert http[2] == "b7ad6b7169203331"  # the caller's span
+    assert tool[2] == http[1]  # FastMCP's span is the replica's span's child
+    assert tool[3] == "asking"
