@@ -124,6 +124,20 @@ async def test_modern_discovery_says_list_changes_are_served(app: Any) -> None:
         assert caps.tools.list_changed and caps.resources.subscribe
 
 
+def test_only_change_notifications_are_published_and_never_a_delivered_frame() -> None:
+    from mcp.shared.subscriptions import event_to_notification
+    from mcp_types import ResourceUpdatedNotification, ResourceUpdatedNotificationParams
+
+    from mcpfleet.notify._listen import event_of
+
+    assert event_of(ToolListChangedNotification()) == ToolsListChanged()
+    updated = ResourceUpdatedNotification(params=ResourceUpdatedNotificationParams(uri="memo://a"))
+    assert event_of(updated) == ResourceUpdated(uri="memo://a")
+    frame = event_to_notification(ToolsListChanged(), {"io.modelcontextprotocol/subscriptionId": 1})
+    assert event_of(frame) is None
+    assert event_of(object()) is None
+
+
 def test_installed_twice_the_middleware_is_replaced_not_stacked(counts: Counts) -> None:
     app = make_app()
     before = len(app._mcp_server.middleware)

@@ -192,10 +192,17 @@ _CHANGES: Final[dict[str, ServerEvent]] = {
 
 
 def event_of(notification: Any) -> ServerEvent | None:
-    """The fleet event a server notification announces, or None (pure)."""
+    """The fleet event a server notification announces, or None (pure).
+
+    A frame of a listen stream (its ``_meta`` names a subscription) announces
+    nothing: it is an event already delivered, never published again.
+    """
     method = getattr(notification, "method", None)
+    params = getattr(notification, "params", None)
+    if SUBSCRIPTION_ID_META_KEY in (getattr(params, "meta", None) or {}):
+        return None
     if method == "notifications/resources/updated":
-        uri = getattr(getattr(notification, "params", None), "uri", None)
+        uri = getattr(params, "uri", None)
         return ResourceUpdated(uri=str(uri)) if uri is not None else None
     return _CHANGES.get(method) if isinstance(method, str) else None
 
