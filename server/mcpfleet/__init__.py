@@ -5,11 +5,12 @@ operator is the separate package ``mcpfleet_operator`` in ``operator/``.
 Only what ``__all__`` names is API; every other module is internal.
 
 The public API for FastMCP authors is re-exported here: guard flows that ask
-users for input on both protocol eras (:mod:`mcpfleet.guard`) and the
+users for input on both protocol eras (:mod:`mcpfleet.guard`), the
 Prometheus middleware counting asking vs final rounds
-(:mod:`mcpfleet.replica.middleware`). They are imported on first use, so that a
-process needing only the contract (the operator, ``mcpfleet keys``) does not
-load FastMCP.
+(:mod:`mcpfleet.replica.middleware`), and events published to the fleet's
+``subscriptions/listen`` streams from any code (:mod:`mcpfleet.notify`). They
+are imported on first use, so that a process needing only the contract (the
+operator, ``mcpfleet keys``) does not load FastMCP.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         first_missing,
         is_modern,
     )
+    from mcpfleet.notify import publish_list_changed, publish_resource_updated
     from mcpfleet.replica.middleware import PrometheusMiddleware
 
 #: The installed distribution's version, read from its metadata on first use
@@ -47,6 +49,8 @@ _EXPORTS = {
     "first_missing": "mcpfleet.guard",
     "is_modern": "mcpfleet.guard",
     "PrometheusMiddleware": "mcpfleet.replica.middleware",
+    "publish_list_changed": "mcpfleet.notify",
+    "publish_resource_updated": "mcpfleet.notify",
 }
 
 __all__ = [
@@ -60,6 +64,8 @@ __all__ = [
     "ask_then",
     "first_missing",
     "is_modern",
+    "publish_list_changed",
+    "publish_resource_updated",
 ]
 
 

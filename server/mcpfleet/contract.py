@@ -154,6 +154,14 @@ class RedisKeys:
         """
         return f"{self.prefix}:tasks"
 
+    @property
+    def events(self) -> str:
+        """The fleet's pub/sub channel of server events (:mod:`mcpfleet.notify`): list
+        changes and resource updates, each a small JSON frame (its kind, a resource's
+        URI, when it was published) that every replica reads and hands to its
+        ``subscriptions/listen`` streams. A channel, not a key: nothing is stored."""
+        return f"{self.prefix}:events"
+
     def task_seals(self, kid: str) -> str:
         """The ledger of live MCP tasks whose stored snapshot key ``kid`` sealed
         (``--tasks-encrypt``, :mod:`mcpfleet.tasks`): a sorted set, one member per
@@ -198,7 +206,9 @@ class RedisKeys:
           :data:`TASK_QUEUE_COMMANDS` on the keys and channels under
           :attr:`tasks` only (and the workers' PSUBSCRIBE pattern of
           cancellations, which Redis matches as written); a fleet whose app
-          has no tasks never sends them.
+          has no tasks never sends them. The fleet's events
+          (:mod:`mcpfleet.notify`): a selector allowing PUBLISH, SUBSCRIBE and
+          UNSUBSCRIBE on the :attr:`events` channel only.
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
           read and write (with ``--rehome-sessions`` also their ``init``,
           ``lost`` and ``moving`` records under the same pattern, with the
@@ -248,7 +258,9 @@ class RedisKeys:
             selector = [f"(~{self.tasks}:*", f"&{self.tasks}:*", f"&{self.tasks}:cancel:*"]
             selector += [f"+{c}" for c in TASK_QUEUE_COMMANDS]
             selector[-1] += ")"
-            return [*base, *keys, *(f"+{c}" for c in commands), *selector, *limits]
+            # The fleet's events: publish and read the one channel, nothing else.
+            events = [f"(&{self.events}", "+publish", "+subscribe", "+unsubscribe)"]
+            return [*base, *keys, *(f"+{c}" for c in commands), *selector, *limits, *events]
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
             # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL;

@@ -45,6 +45,16 @@ in the same registry and served on the same ``/metrics``):
   With ``--tasks-encrypt``, ``mcpfleet_tasks_snapshot_seals_total{kid}`` and
   ``..._unseals_total{kid}``: which ring key sealed and opened the stored
   task snapshots, so a person sees when an old key stops being read.
+* Notifications (:mod:`mcpfleet.notify`): ``mcpfleet_listen_streams`` (the
+  ``subscriptions/listen`` streams open here),
+  ``mcpfleet_events_published_total{kind}`` (events this replica put on the
+  fleet's bus: ``tools``, ``prompts``, ``resources`` list changes, ``resource``
+  updates), ``mcpfleet_events_delivered_total{kind}`` (frames written to this
+  replica's listen streams), ``mcpfleet_events_dropped_total{reason}``
+  (``redis``: a publish Redis did not take within the deadline; ``slow``: a
+  stream ended at its buffer's bound; ``malformed``: a frame on the channel
+  that is not an event), and ``mcpfleet_events_fanout_seconds`` (from an
+  event's publication, on any replica, to its arrival here).
 
 Gauges that mirror state (sessions, the ring) are read at scrape time by
 collectors, so the request path pays nothing for them.
@@ -59,7 +69,7 @@ from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -67,6 +77,7 @@ from prometheus_client.registry import Collector
 from mcpfleet import __version__
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.limits import LIMIT_NAMES
+from mcpfleet.notify import DROP_REASONS, KINDS
 from mcpfleet.once import OnceOutcome
 from mcpfleet.replica.gate import GateState
 
@@ -264,10 +275,64 @@ class ReplicaMetrics:
         self.last_reload.set_to_current_time()
         self.reload_failing.set(0)
         r.register(_StateCollector(ring, gate))
+        self._notifications(r)
         self._filter = _RejectionFilter(self._rejected)
         self._saved_level = logging.NOTSET
 
+    def _notifications(self, r: CollectorRegistry) -> None:
+        """The listen streams' and the fleet bus's metrics (:mod:`mcpfleet.notify`)."""
+        self.listen_streams = Gauge(
+            "mcpfleet_listen_streams",
+            "subscriptions/listen streams open on this replica.",
+            registry=r,
+        )
+        self.events_published = Counter(
+            "mcpfleet_events_published",
+            "Events this replica published on the fleet's bus, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.events_delivered = Counter(
+            "mcpfleet_events_delivered",
+            "Event frames written to this replica's listen streams, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.events_dropped = Counter(
+            "mcpfleet_events_dropped",
+            "Events lost here, by reason (redis: not published within the deadline; slow: a"
+            " stream ended at its buffer's bound; malformed: not an event).",
+            ["reason"],
+            registry=r,
+        )
+        self.events_fanout = Histogram(
+            "mcpfleet_events_fanout_seconds",
+            "From an event's publication (any replica) to its arrival on this replica.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        for kind in KINDS:
+            self.events_published.labels(kind)
+            self.events_delivered.labels(kind)
+        for reason in DROP_REASONS:
+            self.events_dropped.labels(reason)
+
     # --- observers wired by the replica --------------------------------------------------
+
+    def published(self, kind: str) -> None:
+        self.events_published.labels(kind).inc()
+
+    def delivered(self, kind: str) -> None:
+        self.events_delivered.labels(kind).inc()
+
+    def dropped(self, reason: str) -> None:
+        self.events_dropped.labels(reason).inc()
+
+    def fanout(self, seconds: float) -> None:
+        self.events_fanout.observe(seconds)
+
+    def streams(self, delta: int) -> None:
+        self.listen_streams.inc(delta)
 
     def limited(self, limit: str, tool: str) -> None:
         self.limited_total.labels(limit, tool).inc()

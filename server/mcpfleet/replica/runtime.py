@@ -53,6 +53,7 @@ from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
+from mcpfleet.notify import install_notifications
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import DirectCommands, check_version, redact_url
@@ -108,6 +109,13 @@ class Replica:
         self.limiter, self.rules_watcher = self._limits()
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
+        # subscriptions/listen for the app, over the fleet's bus (mcpfleet.notify).
+        self.notify = install_notifications(
+            self.mcp_app,
+            RedisKeys(config.fleet).events,
+            deadline=config.redis_deadline,
+            observer=self.metrics,
+        )
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
         self.tasks: FleetTasks | None = self._wire_tasks()
         if self.tasks is not None:
@@ -317,6 +325,7 @@ class Replica:
             session_ttl=config.session_idle,
         )
         tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
+        tasks.append(asyncio.create_task(self.notify.serve(client), name="events"))
         if self.tasks is not None:
             watch = self.tasks.watch_queue(
                 client,
@@ -353,6 +362,8 @@ class Replica:
         self.state.handover = cfg.drain_handover and cfg.session_rehome
         if self.publisher is not None:
             self.publisher.publish_soon()
+        # Listen streams end now (their result frame last): clients listen elsewhere.
+        self.notify.close()
         work = self.tasks
         if work is not None and work.stop_taking():
             # A read of the queue already sent may still deliver, within its window.
