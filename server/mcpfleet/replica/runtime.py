@@ -129,30 +129,33 @@ class Replica:
             on_change=self._ring_changed,
             on_result=self.metrics.reload_result,
         )
-        inner: ASGIApp = self._http_app(json_response=None)
         #: The same app in JSON mode, for modern rounds that cannot stream (respmode).
         self.json_app: StarletteWithLifespan | None = None
-        if config.response_mode == "auto":
-            self.json_app = self._http_app(json_response=True)
-            inner = ResponseModes(inner, self.json_app, MCP_PATH)
-        # DNS-rebinding protection: FastMCP's guard ("auto" mode), its verdicts kept (hostguard).
-        inner = KeptHostGuard(
-            inner,
-            allowed_hosts=list(config.allowed_hosts) or None,
-            allowed_origins=list(config.allowed_origins) or None,
-        )
-        if tracing.ON:
-            # The caller's trace continued around the app (FastMCP's spans join it).
-            inner = TracedRequests(inner, self.name)
-        self.asgi: ASGIApp = ReplicaGate(
-            inner, self.state, extra_routes={"/metrics": self.serve_metrics}
-        )
+        self.asgi: ASGIApp = self._asgi_stack()
         self._drained = asyncio.Event()
         #: Whether serving starts by moving every object alive by then out of the
         #: cyclic collector's sight (``gc.freeze``): set for the replica process.
         self.freeze_gc = False
         #: The fleet's Redis, while the replica serves with one.
         self.redis: Any = None
+
+    def _asgi_stack(self) -> ASGIApp:
+        """The app as the replica serves it: both response modes, the Host/Origin guard,
+        the trace (when on) and the gate in front."""
+        inner: ASGIApp = self._http_app(json_response=None)
+        if self.config.response_mode == "auto":
+            self.json_app = self._http_app(json_response=True)
+            inner = ResponseModes(inner, self.json_app, MCP_PATH)
+        # DNS-rebinding protection: FastMCP's guard ("auto" mode), its verdicts kept (hostguard).
+        inner = KeptHostGuard(
+            inner,
+            allowed_hosts=list(self.config.allowed_hosts) or None,
+            allowed_origins=list(self.config.allowed_origins) or None,
+        )
+        if tracing.ON:
+            # The caller's trace continued around the app (FastMCP's spans join it).
+            inner = TracedRequests(inner, self.name)
+        return ReplicaGate(inner, self.state, extra_routes={"/metrics": self.serve_metrics})
 
     def _wire_tasks(self) -> FleetTasks | None:
         """The app's tasks on the fleet's queue, under the limits in force; None without tasks."""
