@@ -1126,3 +1126,41 @@ def test_numbers_and_booleans_given_with_set_render_as_strings_in_labels_and_ann
     # A map where a value belongs is refused by the schema, naming the field.
     with pytest.raises(HelmError, match="podAnnotations"):
         chartkit.render(helm, "--set", "server.podAnnotations.team.name=x")
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def _otel_env(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
+    deployment = _by(docs, "Deployment", f"-{component}")
+    (container,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == component
+    ]
+    return {e["name"]: e.get("value", "") for e in container.get("env", []) if "OTEL" in e["name"]}
+
+
+def test_tracing_values_set_the_opentelemetry_environment_of_routers_and_replicas(
+    helm: Helm,
+) -> None:
+    off = chartkit.objects(chartkit.render(helm))
+    assert _otel_env(off, "server") == {} and _otel_env(off, "router") == {}
+    on = chartkit.objects(
+        chartkit.render(
+            helm,
+            "--set",
+            "tracing.otlpEndpoint=http://collector:4318",
+            "--set-json",
+            "tracing.sampleRatio=0.01",
+            "--set",
+            "tracing.resourceAttributes.deployment\\.environment=prod",
+        )
+    )
+    for component, service in (("server", "mcpfleet-replica"), ("router", "mcpfleet-router")):
+        env = _otel_env(on, component)
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"
+        assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+        assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.01"
+        assert env["OTEL_SERVICE_NAME"] == service
+        attrs = dict(a.split("=", 1) for a in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
+        assert attrs["service.instance.id"] == "$(OTEL_POD_NAME)"
+        assert attrs["deployment.environment"] == "prod"

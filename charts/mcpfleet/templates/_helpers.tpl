@@ -298,3 +298,28 @@ in an annotation (and a label); here it is rendered "2".
 {{ $key | quote }}: {{ $value | toString | quote }}
 {{- end }}
 {{- end }}
+
+{{/*
+The OpenTelemetry environment of a component's container (tracing.*), or nothing
+when no endpoint is set; pass (dict "ctx" $ "component" "server"). Its Pod's name
+names the instance: service.instance.id and k8s.pod.name.
+*/}}
+{{- define "mcpfleet.tracingEnv" -}}
+{{- $t := .ctx.Values.tracing }}
+{{- if $t.otlpEndpoint }}
+- name: OTEL_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $t.otlpEndpoint | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: parentbased_traceidratio
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $t.sampleRatio | quote }}
+- name: OTEL_SERVICE_NAME
+  value: mcpfleet-{{ ternary "replica" .component (eq .component "server") }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ $attrs := list "service.instance.id=$(OTEL_POD_NAME)" "k8s.pod.name=$(OTEL_POD_NAME)" (printf "k8s.namespace.name=%s" .ctx.Release.Namespace) }}{{ range $k, $v := $t.resourceAttributes }}{{ $attrs = append $attrs (printf "%s=%s" $k $v) }}{{ end }}{{ join "," $attrs | quote }}
+{{- end }}
+{{- end }}
