@@ -222,6 +222,28 @@ def _nudge_servers(release: ChartFleet) -> None:
     )
 
 
+def _limits_reads(release: ChartFleet) -> dict[str, int]:
+    """How many times each ready replica logged putting a limits file in force."""
+    return {
+        pod.metadata.name: release.kubectl("logs", pod.metadata.name).count("read; in force now")
+        for pod in release.pods("server")
+        if ready(pod)
+    }
+
+
+def _limits_changed(release: ChartFleet, *args: str) -> None:
+    """``helm upgrade`` with ``args``, the pods nudged, until every replica read the change."""
+    before = _limits_reads(release)
+    release.upgrade(*args)
+    _nudge_servers(release)
+    wait_for(
+        lambda: all(n > before.get(p, 0) for p, n in _limits_reads(release).items()),
+        timeout=180,
+        interval=2,
+        what="every replica to read the new limits",
+    )
+
+
 def _initialize(http: httpx.Client, url: str) -> httpx.Response:
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
     return http.post(url, content=initialize_body("e2e-limits"), headers=headers)
@@ -232,8 +254,7 @@ def test_limits_set_through_chart_values_apply_without_a_restart(release: ChartF
     restarts, the replicas read it, and this machine's third session is refused with the
     429; the refusal is in the series the Limits row of the Rounds dashboard reads."""
     before = {p.metadata.uid for p in release.pods("server") if ready(p)}
-    release.upgrade("--set", "server.limits.sessions=2")
-    _nudge_servers(release)
+    _limits_changed(release, "--set", "server.limits.sessions=2")
     opened: list[str] = []
     refused: list[httpx.Response] = []
     with httpx.Client(timeout=10) as http:
@@ -247,7 +268,7 @@ def test_limits_set_through_chart_values_apply_without_a_restart(release: ChartF
             return resp.status_code == 429
 
         try:
-            wait_for(limited, timeout=180, interval=1, what="the new session limit in force")
+            wait_for(limited, timeout=60, interval=1, what="the new session limit in force")
         finally:
             for session in opened:
                 http.delete(release.url, headers={"mcp-session-id": session})
@@ -264,8 +285,8 @@ def test_limits_set_through_chart_values_apply_without_a_restart(release: ChartF
     assert any('mcpfleet_limited_total{limit="sessions"' in t for t in texts), texts
     for metric in ("mcpfleet_limit_principals_limited", "mcpfleet_limit_checks_failed_total"):
         assert all(metric in t for t in texts), metric
-    release.upgrade("--set", "server.limits.sessions=0")
-    _nudge_servers(release)
+    # Lifted on every replica before the next test opens sessions.
+    _limits_changed(release, "--set", "server.limits.sessions=0")
     with httpx.Client(timeout=10) as http:
 
         def open_again() -> bool:
