@@ -97,6 +97,13 @@ def initialize(http: httpx.Client, url: str, headers: dict[str, str]) -> httpx.R
     return http.post(url, content=initialize_body("limits-test"), headers={**JSON_SSE, **headers})
 
 
+def at_cap(http: httpx.Client, url: str, who: dict[str, str]) -> list[httpx.Response]:
+    """``who`` opens as many sessions as the base limits allow: each answered 200."""
+    opened = [initialize(http, url, who) for _ in range(BASE["sessions"])]
+    assert all(r.status_code == 200 for r in opened), [r.status_code for r in opened]
+    return opened
+
+
 def close_session(http: httpx.Client, url: str, session: str, headers: dict[str, str]) -> None:
     resp = http.delete(url, headers={**headers, "mcp-session-id": session})
     assert resp.status_code in (200, 204), resp.text
@@ -288,8 +295,7 @@ def test_counts_come_back_right_after_redis_restarts_empty(
 ) -> None:
     erin = bearer(issuer.token("erin"))
     with httpx.Client(timeout=10) as http:
-        opened = [initialize(http, fleet.url, erin) for _ in range(BASE["sessions"])]
-        assert all(r.status_code == 200 for r in opened)
+        at_cap(http, fleet.url, erin)
         fleet.stop_redis()
         fleet.start_redis()
         client = redis.Redis.from_url(fleet.redis_url)
@@ -312,8 +318,7 @@ def test_a_killed_replicas_sessions_give_their_places_back_within_the_lease(
 ) -> None:
     frank = bearer(issuer.token("frank"))
     with httpx.Client(timeout=10) as http:
-        opened = [initialize(http, fleet.url, frank) for _ in range(BASE["sessions"])]
-        assert all(r.status_code == 200 for r in opened)
+        opened = at_cap(http, fleet.url, frank)
         owners = {r.headers.get("x-mcpfleet-replica") for r in opened}
         victim = sorted(o for o in owners if o)[0]
         held_there = sum(1 for r in opened if r.headers.get("x-mcpfleet-replica") == victim)
