@@ -1164,3 +1164,35 @@ def test_tracing_values_set_the_opentelemetry_environment_of_routers_and_replica
         attrs = dict(a.split("=", 1) for a in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
         assert attrs["service.instance.id"] == "$(OTEL_POD_NAME)"
         assert attrs["deployment.environment"] == "prod"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "port"),
+    [("http://collector.obs:4318", 4318), ("https://otlp.example.com", 443), ("http://otel", 80)],
+)
+def test_with_tracing_on_the_network_policies_open_the_otlp_endpoints_port(
+    helm: Helm, schemas: Path, tmp_path: Path, endpoint: str, port: int
+) -> None:
+    values: dict[str, Any] = {
+        "networkPolicy": {"enabled": True},
+        "tracing": {"otlpEndpoint": endpoint},
+    }
+
+    def tracing_rules(manifest: str, suffix: str) -> list[dict[str, Any]]:
+        egress = _by(chartkit.objects(manifest), "NetworkPolicy", suffix)["spec"]["egress"]
+        return [r for r in egress if r.get("ports") == [{"protocol": "TCP", "port": port}]]
+
+    manifest = _render(helm, values, tmp_path)
+    assert chartkit.kubeconform(manifest, schemas) == []
+    for suffix in ("-server", "-router"):
+        assert [r.get("to") for r in tracing_rules(manifest, suffix)] == [None]
+    assert tracing_rules(manifest, "-operator") == []
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}}}
+    scoped = _render(
+        helm, {**values, "networkPolicy": {"enabled": True, "tracingTo": [peer]}}, tmp_path
+    )
+    for suffix in ("-server", "-router"):
+        (rule,) = tracing_rules(scoped, suffix)
+        assert rule["to"] == [peer]
+    off = _render(helm, {"networkPolicy": {"enabled": True}}, tmp_path)
+    assert tracing_rules(off, "-server") == []

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
+import secrets
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fleetkit import scenarios
 from fleetkit.clients.rawsession import bounded, open_sessions
-from fleetkit.clients.wire import initialize_body
+from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet, ready
 from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
@@ -296,6 +298,136 @@ def test_limits_set_through_chart_values_apply_without_a_restart(release: ChartF
             return resp.status_code == 200
 
         wait_for(open_again, timeout=180, interval=1, what="the limit lifted")
+
+
+#: An OTLP/HTTP trace receiver run in the cluster on the release's own image (which
+#: carries ``opentelemetry-proto``): one JSON line per span it is sent, on stdout.
+RECEIVER = """
+import gzip, json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest, ExportTraceServiceResponse)
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        if self.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+            res = {a.key: a.value.string_value for a in rs.resource.attributes}
+            for scope in rs.scope_spans:
+                for span in scope.spans:
+                    line = {"service": res.get("service.name"), "pod": res.get("k8s.pod.name"),
+                            "name": span.name, "trace": span.trace_id.hex(),
+                            "span": span.span_id.hex(), "parent": span.parent_span_id.hex()}
+                    print(json.dumps(line), flush=True)
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("", 4318), Handler).serve_forever()
+"""
+
+
+def _otlp_receiver(release: ChartFleet) -> str:
+    """The receiver's Pod and Service in the release's namespace: its endpoint."""
+    image = release.pods("server")[0].spec.containers[0]
+    labels = {"app.kubernetes.io/name": "otlp-receiver"}
+    restricted = {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "otlp-receiver", "labels": labels},
+        "spec": {
+            "containers": [
+                {
+                    "name": "receiver",
+                    "image": image.image,
+                    "imagePullPolicy": image.image_pull_policy,
+                    "command": ["python", "-c", RECEIVER],
+                    "ports": [{"containerPort": 4318}],
+                    "securityContext": restricted,
+                }
+            ]
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "otlp-receiver"},
+        "spec": {"selector": labels, "ports": [{"port": 4318, "targetPort": 4318}]},
+    }
+    release.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod, service]}),
+    )
+    release.kubectl("wait", "--for=condition=Ready", "pod/otlp-receiver", "--timeout=120s")
+    return f"http://otlp-receiver.{NAMESPACE}.svc:4318"
+
+
+def _received(release: ChartFleet, trace_id: str) -> list[dict[str, str]]:
+    lines = release.kubectl("logs", "otlp-receiver").splitlines()
+    spans = [json.loads(line) for line in lines if line.startswith("{")]
+    return [s for s in spans if s["trace"] == trace_id]
+
+
+def test_with_tracing_values_one_requests_trace_arrives_whole_from_router_and_replica(
+    release: ChartFleet,
+) -> None:
+    """``helm upgrade --set tracing.otlpEndpoint=...`` pointing at a receiver in the
+    cluster: a modern round sent through the router Service with a client's
+    traceparent arrives as one trace, the router's server span under the client's span
+    and the replica's under the router's, each from its own pod."""
+    endpoint = _otlp_receiver(release)
+    counts = {c: sum(ready(p) for p in release.pods(c)) for c in ("server", "router")}
+    try:
+        release.upgrade("--set", f"tracing.otlpEndpoint={endpoint}")
+        for component, replicas in counts.items():
+            _rolled(release, component, replicas)
+        trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+        header = {"traceparent": f"00-{trace_id}-{client_span}-01"}
+        first = modern_call(release.url, "book_flight", {"destination": "Oslo"}, headers=header)
+        assert first.result.get("resultType") == "input_required", first.body
+
+        def whole() -> list[dict[str, str]] | None:
+            spans = _received(release, trace_id)
+            router = [
+                s for s in spans if s["service"] == "mcpfleet-router" and s["parent"] == client_span
+            ]
+            replica = [
+                s
+                for s in spans
+                if s["service"] == "mcpfleet-replica"
+                and router
+                and s["parent"] == router[0]["span"]
+            ]
+            tool = [
+                s
+                for s in spans
+                if replica and s["parent"] == replica[0]["span"] and "book_flight" in s["name"]
+            ]
+            return spans if len(router) == 1 and len(replica) == 1 and len(tool) == 1 else None
+
+        spans = wait_for(whole, timeout=60, interval=2, what="the round's trace at the receiver")
+        pods = {s["service"]: s["pod"] for s in spans if s["service"]}
+        assert pods["mcpfleet-router"] in {p.metadata.name for p in release.pods("router")}
+        assert pods["mcpfleet-replica"] in {p.metadata.name for p in release.pods("server")}
+    finally:
+        release.upgrade("--set", "tracing.otlpEndpoint=")
+        release.kubectl("delete", "pod/otlp-receiver", "service/otlp-receiver", "--wait=false")
 
 
 async def test_deleting_a_replica_pod_drains_it_and_nothing_fails(release: ChartFleet) -> None:
