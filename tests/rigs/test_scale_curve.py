@@ -103,8 +103,12 @@ def test_one_masters_ceiling_is_its_commands_per_second_over_a_paths_commands() 
         "scale, one Redis master's ceiling, once-flow, answer round",
         "20,000 rounds/s",
     )
-    assert rows[0][3] == "120,000 commands/s / 6.00 commands per round"
+    assert rows[0][3] == "120,000 commands/s / 6.00 commands per unit"
     assert rows[1][1] == "not bounded by Redis"
+    held = PathCost(
+        "held session (per session per second)", {"eval": 0.1}, 200, ceiling_unit="sessions held"
+    )
+    assert first_limit(120_000.0, [held])[0][1] == "1,200,000 sessions held"
     table = path_rows(paths)
     assert table[0][1:4] == ("6.00", "SET +150, EVAL +50, GET +50, PTTL +50", "n=50")
 

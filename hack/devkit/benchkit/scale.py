@@ -63,7 +63,7 @@ from benchkit.scalecurve import (
     per_unit,
     total,
 )
-from benchkit.scalepaths import listen_paths, once_paths, redis_capacity
+from benchkit.scalepaths import limits_paths, listen_paths, once_paths, redis_capacity
 from benchkit.sessionbench import command_calls, rss_bytes
 from benchkit.table import Row, render
 from fleetkit.clients.wire import initialize_body
@@ -305,8 +305,9 @@ def held_sessions(run: Run, http: httpx.Client, n: int) -> None:
             raise RuntimeError(f"initialized of {session}: {resp.status_code}")
     time.sleep(1.0)  # a heartbeat: the attestations carry the new counts
     after = (sum(map(rss_bytes, replicas)), rss_bytes(run.router_pid(0)))
+    each = before[0] / len(replicas) / 2**20
     for label, i, what in (
-        ("the replicas", 0, "RSS delta of the 3 replicas"),
+        ("the replicas", 0, f"RSS delta of the 3 replicas ({each:.0f} MiB each before)"),
         ("the router that opened them", 1, "RSS delta: its cached routes"),
     ):
         run.rows.append(
@@ -479,6 +480,7 @@ def measure(quick: bool) -> list[Row]:
         capacity = redis_capacity(lf.redis_port, 20_000 if quick else 100_000)
         run.paths += once_paths(work, 50 if quick else 200)
         run.paths += listen_paths(work, 10 if quick else 50, 5 if quick else 20)
+        run.paths += limits_paths(work, 50 if quick else 200)
         rows = run.rows + [row for curve in run.curves for row in curve_rows(curve)]
         rows += path_rows(run.paths)
         if capacity is None:

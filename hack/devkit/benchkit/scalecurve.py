@@ -141,10 +141,14 @@ class PathCost:
     commands: dict[str, float]
     rounds: int
     note: str = ""
+    #: What one master's ceiling counts for this path: its commands/s over the path's
+    #: commands per unit (per round; per held session per second: sessions held).
+    ceiling_unit: str = "rounds/s"
 
 
 def path_rows(paths: Sequence[PathCost]) -> list[Row]:
-    """``Redis commands per round, <path>``: the total, then what it is made of."""
+    """``Redis commands per round, <path>``: the total, then what it is made of (a path
+    counted per held session per second says so in its name)."""
     return [
         (
             f"scale, Redis commands per round, {p.path}",
@@ -165,7 +169,7 @@ def first_limit(capacity: float, paths: Sequence[PathCost]) -> list[Row]:
         if per_round < NOISE_PER_UNIT:
             value, note = "not bounded by Redis", "no Redis command on this path"
         else:
-            value = f"{capacity / per_round:,.0f} rounds/s"
-            note = f"{capacity:,.0f} commands/s / {per_round:.2f} commands per round"
+            value = f"{capacity / per_round:,.0f} {p.ceiling_unit}"
+            note = f"{capacity:,.0f} commands/s / {per_round:.2f} commands per unit"
         rows.append((f"scale, one Redis master's ceiling, {p.path}", value, "", note))
     return rows

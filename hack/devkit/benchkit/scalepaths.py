@@ -14,7 +14,11 @@ the paths that need a fleet of their own, and what one Redis master sustains.
 
 Every count is an ``INFO commandstats`` delta less the background rate measured
 over an idle window just before. Limits per principal are off (NO_LIMITS), as in
-the rest of the curve.
+the rest of the curve, but for **limits on**: one replica at the default limits,
+each request from a principal of its own (``X-Forwarded-For`` through the one
+trusted hop): commands per modern round and per ``initialize``, then per held
+session per second (each replica renews its sessions' places, one script call
+per principal, every 10 s).
 """
 
 from __future__ import annotations
@@ -33,15 +37,21 @@ import httpx
 import redis
 
 from benchkit.roundapp import ARGS, ONCE_TOOL, TOOL
-from benchkit.scalecurve import PathCost, per_unit
+from benchkit.scalecurve import NOISE_PER_UNIT, PathCost, per_unit
 from benchkit.sessionbench import background_rate, command_calls
 from fleetkit.clients.listen import listening
-from fleetkit.clients.wire import accept, modern_call
+from fleetkit.clients.wire import accept, initialize_body, modern_call
 from fleetkit.fleet import DEVKIT_DIR
 from mcpfleet.dev.fleet import LocalFleet
 
 #: Seconds of the idle window each background rate is measured over.
 IDLE_WINDOW = 3.0
+HANDSHAKE = {
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": "2025-11-25",
+}
+INITIALIZED = '{"jsonrpc": "2.0", "method": "notifications/initialized"}'
 #: Seconds a listen stream may take to show its acknowledgement or an event.
 EVENT_DEADLINE = 10.0
 
@@ -224,3 +234,70 @@ def parse_benchmark(out: str) -> dict[str, float]:
     ending in carriage returns, left out)."""
     last = "\n".join(line.rsplit("\r", 1)[-1] for line in out.splitlines())
     return {m.group(1): float(m.group(2)) for m in _RATE.finditer(last)}
+
+
+#: Seconds of the idle window over which held sessions' renewals are counted: two
+#: renewals of each place (every 10 s, a third of its 30 s lease).
+RENEWAL_WINDOW = 20.0
+EXAMPLE_ARGS = {"item": "tea", "amount_eur": 2}
+
+
+def principal(i: int) -> str:
+    """The ``i``-th stand-in client address (``X-Forwarded-For``: the replica trusts one hop)."""
+    return f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
+
+
+def limits_paths(work: Path, principals: int) -> list[PathCost]:
+    """With limits per principal on at their defaults, every request from its own principal:
+    commands per modern round and per ``initialize``, and per held session per second."""
+    lf = LocalFleet(work / "limits", replicas=1, routers=0, fleet="scalelimits", limits=True)
+    lf.start()
+    rclient = redis.Redis(host="127.0.0.1", port=lf.redis_port)
+    try:
+        url = f"{lf.members['replica-0'].url}/mcp"
+        with httpx.Client(timeout=10) as http:
+            background = background_rate(rclient, IDLE_WINDOW)
+            rounds = counted(
+                rclient, background, principals, lambda: _rounds_each(http, url, principals)
+            )
+            inits = counted(
+                rclient, background, principals, lambda: _sessions_each(http, url, principals)
+            )
+            time.sleep(1.0)  # past the places' first renewal's start
+            held = background_rate(rclient, RENEWAL_WINDOW)
+        renewals = {k: (v - background.get(k, 0.0)) / principals for k, v in held.items()}
+        note = f"{principals} principals, one request each; defaults"
+        return [
+            PathCost("modern round, limits on", rounds, principals, note),
+            PathCost("initialize, limits on", inits, principals, note),
+            PathCost(
+                "held session, limits on (per session per second)",
+                {k: v for k, v in renewals.items() if abs(v) >= NOISE_PER_UNIT / 10},
+                principals,
+                f"{principals} sessions of as many principals, idle {RENEWAL_WINDOW:g} s",
+                ceiling_unit="sessions held",
+            ),
+        ]
+    finally:
+        rclient.close()
+        lf.stop()
+
+
+def _rounds_each(http: httpx.Client, url: str, n: int) -> None:
+    for i in range(n):
+        headers = {"x-forwarded-for": principal(i)}
+        answer = modern_call(url, "confirm_purchase", EXAMPLE_ARGS, client=http, headers=headers)
+        if answer.status != 200 or "requestState" not in answer.result:
+            raise RuntimeError(f"round with limits on: {answer.status} {answer.body}")
+
+
+def _sessions_each(http: httpx.Client, url: str, n: int) -> None:
+    for i in range(n):
+        headers = {**HANDSHAKE, "x-forwarded-for": principal(i)}
+        resp = http.post(url, content=initialize_body("bench-scale"), headers=headers)
+        if resp.status_code != 200:
+            raise RuntimeError(f"initialize with limits on: {resp.status_code} {resp.text[:200]}")
+        note = {**headers, "mcp-session-id": resp.headers["mcp-session-id"]}
+        done = http.post(url, content=INITIALIZED, headers=note)
+        if done.status_code != 202:
+            raise RuntimeError(f"initialized with limits on: {done.status_code}")
