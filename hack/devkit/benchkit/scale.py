@@ -5,15 +5,15 @@ example app, routers added as the run goes; limits per principal off, as the
 bench's one client stands for many users) and, in turn:
 
 * **routers** 1 -> 2 -> 4: Redis commands per second from the background alone
-  (an idle window, ``INFO commandstats`` deltas), less the replicas' own
-  background measured before any router started, per router;
-* **sessions** 1k -> 10k -> 100k routes in Redis: the real replicas hold a few
-  hundred real handshake sessions; the rest are routes to stand-in owners
-  written straight into Redis (``RedisKeys.session``, the route's TTL), as
-  many routers' sessions would be. At each step: Redis memory per route
-  (``used_memory`` delta / routes written), a second router's CPU per sticky
-  request whose owner it has cached (wrk ``ping``, CPU from ``/proc/<pid>/stat``)
-  and per sticky request it must look up (the first for each of 100 fresh
+  (an idle window of one prune cycle, ``INFO commandstats`` deltas), less the
+  replicas' own background measured before any router started, per router;
+* **sessions** 1k -> 10k -> 100k routes in Redis: 1,000 real idle handshake
+  sessions first (the replicas' and the router's RSS per session); then routes
+  to stand-in owners written straight into Redis (``RedisKeys.session``, the
+  route's TTL), as many routers' sessions would be. At each step: Redis memory
+  per route (``used_memory`` delta / routes written), a second router's CPU per
+  sticky request whose owner it has cached (wrk ``ping`` on 64 real sessions)
+  and per sticky request it must look up (the first for each of 100 fresh real
   sessions), and Redis commands per such request;
 * **replicas in the registry** 3 -> 30 -> 300: stand-in attestations written as
   replicas write theirs (``Attestation``, ``RedisKeys.replica``), serving, each
@@ -21,14 +21,18 @@ bench's one client stands for many users) and, in turn:
   is answered. Per step: a router's CPU per registry read (idle CPU over the
   reads of the window: one per ``refresh_interval``), the registry's bytes per
   read, Redis background commands/s, the pick's cost (``ReplicaView.serving`` and
-  ``pick_stateless`` in this process), and router CPU per modern round;
+  ``pick_stateless`` in this process), and the router's and the replicas' CPU
+  per modern round (wrk, 8 connections);
 * **Redis commands per round by path** (initialize, sticky, modern round,
-  once-flows, listen streams: :mod:`benchkit.scalepaths`), and what one Redis
-  master sustains of each (``redis-benchmark`` GET/SET on this machine): the
-  first limit.
+  once-flows, listen streams, limits on: :mod:`benchkit.scalepaths`), and what
+  one Redis master sustains of each (``redis-benchmark`` GET/SET on this
+  machine): the first limit.
 
-Each step prints its cost per unit, the ratio to the first step and a verdict
+CPU is every thread's, from ``/proc/<pid>/task/*/schedstat`` (nanoseconds:
+``/proc/<pid>/stat``'s clock ticks are too coarse for 100 requests). Each step
+prints its cost per unit, the ratio to the first step and a verdict
 (:mod:`benchkit.scalecurve`). Nothing here asserts: a benchmark reports.
+docs/sizing.md is written from this table.
 
     PYTHONPATH=hack/devkit .venv/bin/python -m benchkit.scale [--quick]
 """
