@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -146,6 +146,12 @@ test-conformance: venv deps conformance-suite ## the conformance tier (pytest -m
 bench: venv deps bench-deps ## speed and memory, measured side by side (router, direct, nginx, MCP tasks); prints a table (BENCH_ARGS=...)
 	$(if $(filter --rounds-only --scale-only --answers-only,$(BENCH_ARGS)),,$(MAKE) --no-print-directory venv-tasks || echo "make bench: .venv-tasks not made; the task rows are skipped")
 	PYTHONPATH=hack/devkit $(PY) -m benchkit.bench $(BENCH_ARGS)
+
+# The fleet's cost curve: sessions, replicas in the registry and routers grown one at
+# a time, cost per unit with its ratio to the first step, Redis commands per round
+# by path and one Redis master's ceiling (docs/sizing.md is written from it).
+bench-scale: venv deps bench-deps ## the cost curve: cost per unit as sessions, registry and routers grow, Redis per path, the first limit (~3 min; BENCH_ARGS=--quick)
+	PYTHONPATH=hack/devkit $(PY) -m benchkit.scale $(BENCH_ARGS)
 
 # The router as it is against the router of an earlier commit (REF), side by side
 # in front of the same replicas: make bench-ref REF=629218f
