@@ -1,32 +1,25 @@
 """Traces through a real fleet: the router's and the replicas' spans, exported over
 OTLP/HTTP to a receiver in this process, one trace from the client's traceparent.
 
-The receiver is a real OTLP/HTTP endpoint (``POST /v1/traces``) that decodes each
-``ExportTraceServiceRequest`` with ``opentelemetry-proto``: nothing of the SDK is
-mocked; the processes export as they would to a collector.
+The receiver (:class:`fleetkit.otlp.Receiver`) is a real OTLP/HTTP endpoint
+(``POST /v1/traces``) that decodes each ``ExportTraceServiceRequest`` with
+``opentelemetry-proto``: nothing of the SDK is mocked; the processes export as
+they would to a collector.
 """
 
 from __future__ import annotations
 
-import gzip
 import secrets
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import accept, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
+from fleetkit.otlp import Got, Receiver
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
@@ -36,87 +29,10 @@ pytestmark = pytest.mark.fleet
 APP = "fleetkit.apps.onceapp:app"
 
 
-@dataclass(frozen=True)
-class Got:
-    """One span as received: its service, and the span's fields that matter here."""
-
-    service: str
-    name: str
-    kind: int
-    trace_id: str
-    span_id: str
-    parent: str
-    attributes: dict[str, Any]
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on 127.0.0.1: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Got] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                if self.headers.get("content-encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.take(ExportTraceServiceRequest.FromString(body))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def take(self, request: ExportTraceServiceRequest) -> None:
-        got = []
-        for rs in request.resource_spans:
-            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    got.append(
-                        Got(
-                            service=str(resource.get("service.name")),
-                            name=s.name,
-                            kind=s.kind,
-                            trace_id=s.trace_id.hex(),
-                            span_id=s.span_id.hex(),
-                            parent=s.parent_span_id.hex(),
-                            attributes={a.key: _value(a.value) for a in s.attributes},
-                        )
-                    )
-        with self.lock:
-            self.spans += got
-
-    def of_trace(self, trace_id: str) -> list[Got]:
-        with self.lock:
-            return [s for s in self.spans if s.trace_id == trace_id]
-
-
-def _value(v: Any) -> Any:
-    """An OTLP ``AnyValue`` as a Python value."""
-    which = v.WhichOneof("value")
-    return getattr(v, which) if which else None
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    r.thread.start()
-    try:
+    with Receiver() as r:
         yield r
-    finally:
-        r.server.shutdown()
-        r.server.server_close()
 
 
 def _fleet_env(receiver: Receiver, tmp: Path, **extra: str) -> dict[str, str]:
