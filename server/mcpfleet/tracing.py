@@ -199,6 +199,20 @@ def traceparent() -> bytes:
     return b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
 
 
+def exemplar() -> dict[str, str] | None:
+    """The exemplar labels of an observation made now: the current span's ``trace_id``
+    and ``span_id`` (hex) when it is sampled, else None (off, no span, not sampled:
+    an exemplar pointing at a trace no backend has would be a dead link)."""
+    if not ON:
+        return None
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid or not ctx.trace_flags.sampled:
+        return None
+    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
 def extract(traceparent: str | None, tracestate: str | None = None) -> Any:
     """The OpenTelemetry context an incoming request's W3C headers carry (the
     current context when they carry none, or nothing valid)."""
@@ -221,9 +235,7 @@ def span_context(traceparent: str) -> Any:
 
 
 @contextlib.contextmanager
-def linked_span(
-    name: str, links_to: str | None, **attributes: str | int | bool
-) -> Iterator[Any]:
+def linked_span(name: str, links_to: str | None, **attributes: str | int | bool) -> Iterator[Any]:
     """A span ``name`` current in the block, with a link to the span the W3C
     ``traceparent`` value ``links_to`` names (no link when it names none): work done
     later, elsewhere, for a request that ended (a task's leg on a worker), as the

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 
-from fleetkit.clients.taskwire import FINAL, TASK_META, create, task
+from fleetkit.clients.taskwire import FINAL, TASK_META, task
 from fleetkit.clients.wire import MODERN, response_body
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from fleetkit.otlp import Got, Receiver
@@ -178,7 +177,7 @@ def test_each_leg_of_a_task_answered_through_another_replica_links_to_the_same_c
     assert updated.error is None, updated.body
     assert _final(http, answer_url, task_id)["status"] == "completed"
     legs = wait_for(
-        lambda: (got if len(got := _legs_linked_to(receiver, trace_id)) == 2 else None),
+        lambda: got if len(got := _legs_linked_to(receiver, trace_id)) == 2 else None,
         timeout=15,
         what="both legs' spans",
     )

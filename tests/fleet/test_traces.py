@@ -13,8 +13,12 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import accept, modern_call
@@ -176,3 +180,45 @@ def test_with_tracing_off_nothing_is_exported(
         _two_rounds(traced.url, probe)
         wait_for(lambda: _expected(receiver.of_trace(probe)), timeout=15, what="the probe's spans")
         assert receiver.of_trace(trace_id) == []
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def _exemplar_traces(url: str, family: str, accept: str = OPENMETRICS) -> set[str]:
+    """The trace ids of the exemplars of histogram ``family``'s buckets at ``url``."""
+    resp = httpx.get(url, headers={"accept": accept}, timeout=10)
+    assert resp.status_code == 200
+    if not resp.headers["content-type"].startswith("application/openmetrics-text"):
+        # Prometheus' text format carries no exemplar (and parses without them).
+        assert " # {" not in resp.text
+        return set()
+    return {
+        sample.exemplar.labels["trace_id"]
+        for metrics in openmetrics_families(resp.text)
+        if metrics.name == family
+        for sample in metrics.samples
+        if sample.name == f"{family}_bucket" and sample.exemplar is not None
+    }
+
+
+def test_the_latency_histograms_carry_the_traced_requests_trace_id_as_exemplar(
+    traced: ProcessFleet, receiver: Receiver
+) -> None:
+    trace_id = secrets.token_hex(16)
+    header, _ = _traceparent(trace_id)
+    answer = modern_call(traced.url, "charge", {"order": "t-3"}, headers={"traceparent": header})
+    assert answer.status == 200 and answer.replica in traced.members, answer
+    replica = f"{traced.members[answer.replica].url}/metrics"
+    router = f"{traced.url.removesuffix('/mcp')}/metrics"
+    assert trace_id in _exemplar_traces(replica, "mcpfleet_round_duration_seconds")
+    assert trace_id in _exemplar_traces(router, "mcpfleet_router_proxy_seconds")
+    # Asked for Prometheus' text format (or nothing), the scrape is what it was.
+    assert _exemplar_traces(replica, "mcpfleet_round_duration_seconds", "text/plain") == set()
+    assert _exemplar_traces(router, "mcpfleet_router_proxy_seconds", "") == set()
+    # A request whose trace is not sampled leaves no exemplar pointing at it.
+    unsampled = secrets.token_hex(16)
+    header = f"00-{unsampled}-{secrets.token_hex(8)}-00"
+    answer = modern_call(traced.url, "charge", {"order": "t-4"}, headers={"traceparent": header})
+    assert answer.status == 200
+    assert unsampled not in _exemplar_traces(router, "mcpfleet_router_proxy_seconds")

@@ -139,7 +139,8 @@ class FleetOptions:
 
     ``app`` may also name a test app in ``hack/devkit/fleetkit``: hack/devkit/ is on
     the replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
-    ``PYTHONPATH`` goes after hack/devkit/, the test process's after both). ``port``: the first router's (default: free).
+    ``PYTHONPATH`` goes after hack/devkit/, the test process's after both).
+    ``port``: the first router's (default: free).
     """
 
     replicas: int = 3

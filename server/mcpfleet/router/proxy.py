@@ -258,12 +258,12 @@ class Router:
             await respond(send, 200 if ready else 503, json.dumps(status).encode())
             return
         if path == "/metrics":
-            body = self.metrics.render()
+            body, content_type = self.metrics.render_for(_accept(scope))
             await send(
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [(b"content-type", self.metrics.content_type.encode())],
+                    "headers": [(b"content-type", content_type.encode())],
                 }
             )
             await send({"type": "http.response.body", "body": body})
@@ -504,7 +504,11 @@ class Router:
                 await self._record(x, name, upstream)
             elif session is not None and session_ended(upstream):
                 await self._forget(session, upstream)
-            self.metrics.observe_latency(kind.value, time.perf_counter() - x.started)
+            self.metrics.observe_latency(
+                kind.value,
+                time.perf_counter() - x.started,
+                tracing.exemplar() if tracing.ON else None,
+            )
             result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
@@ -552,6 +556,14 @@ class Router:
             task = asyncio.ensure_future(self.upstream.notify(x.scope, address, notices))
             self._notices.add(task)
             task.add_done_callback(self._notices.discard)
+
+
+def _accept(scope: Scope) -> str:
+    """The request's ``Accept`` header ("" without one)."""
+    for name, value in scope["headers"]:
+        if name == b"accept":
+            return str(value.decode("latin-1"))
+    return ""
 
 
 def _note_resend(attempts: int, why: Failure) -> None:
