@@ -9,9 +9,12 @@ they would to a collector.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +24,7 @@ from prometheus_client.openmetrics.parser import (
 )
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.rawsession import RawSession
 from fleetkit.clients.wire import accept, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from fleetkit.otlp import Got, Receiver
@@ -102,6 +106,12 @@ def _round(spans: list[Got], client_span: str) -> dict[str, Got]:
     return {"router": router, "replica": replica, "tool": tool}
 
 
+def _attribute_values(spans: list[Got], key: str, request: dict[str, Got]) -> set[Any]:
+    """The values of attribute ``key`` on the replica's spans of one request."""
+    mine = {request["replica"].span_id, request["tool"].span_id}
+    return {s.attributes[key] for s in spans if s.span_id in mine and key in s.attributes}
+
+
 def _expected(spans: list[Got]) -> bool:
     """Whether every span of :func:`_two_rounds` arrived."""
     names = [(s.service, s.name) for s in spans]
@@ -129,11 +139,16 @@ def test_a_modern_flow_through_the_router_is_one_trace_under_the_clients_span(
         assert router["http.request.method"] == "POST" and router["http.route"] == "/mcp"
         assert router["http.response.status_code"] == 200
         assert router["mcpfleet.route"] == "stateless" and router["mcpfleet.outcome"] == "ok"
+        assert router["mcpfleet.era"] == "modern"
         assert router["mcpfleet.replica"] == one["replica"].attributes["mcpfleet.replica"]
         assert one["tool"].attributes["mcpfleet.round.era"] == "modern"
         assert one["tool"].attributes["gen_ai.tool.name"] == "charge"
     assert first["tool"].attributes["mcpfleet.round.kind"] == "asking"
     assert first["tool"].attributes["mcpfleet.round.questions"] == 1
+    # The kid of the key that sealed the asking round's request state, and opened it.
+    kid = first["tool"].attributes["mcpfleet.requeststate.seal_kid"]
+    assert re.fullmatch("[0-9a-f]{8}", kid), kid
+    assert kid in _attribute_values(spans, "mcpfleet.requeststate.unseal_kid", last)
     assert last["tool"].attributes["mcpfleet.round.kind"] == "final"
     assert last["tool"].attributes["mcpfleet.round.step"] == "continue"
     tool = last["tool"].span_id
@@ -222,3 +237,63 @@ def test_the_latency_histograms_carry_the_traced_requests_trace_id_as_exemplar(
     answer = modern_call(traced.url, "charge", {"order": "t-4"}, headers={"traceparent": header})
     assert answer.status == 200
     assert unsampled not in _exemplar_traces(router, "mcpfleet_router_proxy_seconds")
+
+
+async def _handshake_session(url: str, trace_id: str) -> dict[str, str]:
+    """A handshake session through the router, each request with its own client span in
+    trace ``trace_id``: initialize, initialized, a call that elicits, the answer. The
+    client span id of each, by step."""
+    spans: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=15) as http:
+        session = RawSession(url, http)
+
+        def step(name: str) -> None:
+            session.headers["traceparent"], spans[name] = _traceparent(trace_id)
+
+        step("initialize")
+        await session.open("traced-client")  # initialize, then notifications/initialized
+        step("call")
+        pending = await session.start_elicitation("charge", {"order": "t-5"})
+        step("answer")
+        answered = await session.answer(pending.request_id, {"ok": True})
+        assert answered.status_code == 202, answered.text
+        await asyncio.wait_for(asyncio.shield(pending.reader), 15)
+        await pending.aclose()
+    return spans
+
+
+def test_a_handshake_sessions_requests_are_each_traced_through_the_sticky_route(
+    traced: ProcessFleet, receiver: Receiver
+) -> None:
+    trace_id = secrets.token_hex(16)
+    clients = asyncio.run(_handshake_session(traced.url, trace_id))
+
+    def arrived() -> list[Got] | None:
+        spans = receiver.of_trace(trace_id)
+        routers = [s for s in spans if s.service == "mcpfleet-router"]
+        tools = [
+            s
+            for s in spans
+            if s.name == "tools/call charge" and "mcpfleet.round.kind" in s.attributes
+        ]
+        return spans if len(routers) == 4 and tools else None
+
+    spans = wait_for(arrived, timeout=15, what="the session's spans")
+    # initialize and notifications/initialized went with one client span; then one each.
+    expected = {"initialize": ["initialize", "sticky"], "call": ["sticky"], "answer": ["sticky"]}
+    owners = set()
+    for step, client in clients.items():
+        routers = [s for s in spans if s.parent == client and s.service == "mcpfleet-router"]
+        assert sorted(s.attributes["mcpfleet.route"] for s in routers) == expected[step], routers
+        for router in routers:
+            attrs = router.attributes
+            assert attrs["mcpfleet.era"] == "handshake", attrs
+            if attrs["mcpfleet.route"] == "sticky":
+                assert attrs["mcpfleet.session.lookup"] in ("cache", "redis"), attrs
+            replica = _one_child(spans, router.span_id, "mcpfleet-replica", "POST /mcp")
+            assert replica.attributes["mcpfleet.replica"] == attrs["mcpfleet.replica"]
+            owners.add(attrs["mcpfleet.replica"])
+    assert len(owners) == 1, "every request of the session reached its owner"
+    (tool,) = [s for s in spans if s.name == "tools/call charge"]
+    assert tool.attributes["mcpfleet.round.era"] == "handshake"
+    assert tool.attributes["mcpfleet.round.kind"] == "final"

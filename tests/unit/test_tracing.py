@@ -184,3 +184,45 @@ def test_the_replica_continues_the_incoming_context_into_fastmcps_spans() -> Non
     assert http[2] == "b7ad6b7169203331"  # the caller's span
     assert tool[2] == http[1]  # FastMCP's span is the replica's span's child
     assert tool[3] == "asking"
+
+
+@pytest.mark.parametrize(
+    ("kind", "headers", "era"),
+    [
+        ("stateless", {"mcp-protocol-version": "2026-07-28"}, "modern"),
+        ("stateless", {"mcp-protocol-version": "2025-11-25"}, "handshake"),
+        ("sticky", {"mcp-session-id": "a" * 32}, "handshake"),
+        ("initialize", {}, "handshake"),
+        ("stateless", {}, None),
+    ],
+)
+def test_the_routers_span_names_the_requests_era(
+    kind: str, headers: dict[str, str], era: str | None
+) -> None:
+    from mcpfleet.router.decisions import RouteKind, era_of
+
+    assert era_of(RouteKind(kind), headers) == era
+
+
+def test_the_codecs_kids_go_on_the_span_only_when_tracing_is_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcpfleet.replica import tracing as replica_tracing
+
+    counted: list[tuple[str, str]] = []
+    noted: list[tuple[str, object]] = []
+    monkeypatch.setattr(tracing, "note", lambda key, value: noted.append((key, value)))
+    observe = counted.append
+    off = replica_tracing.traced_codec_events(lambda e, v: observe((e, v)))
+    off("seal", "0a1b2c3d")
+    assert noted == []
+    monkeypatch.setattr(tracing, "ON", True)
+    on = replica_tracing.traced_codec_events(lambda e, v: observe((e, v)))
+    on("seal", "0a1b2c3d")
+    on("unseal", "0a1b2c3d")
+    on("reject", "expired")
+    assert noted == [
+        ("mcpfleet.requeststate.seal_kid", "0a1b2c3d"),
+        ("mcpfleet.requeststate.unseal_kid", "0a1b2c3d"),
+    ]
+    assert len(counted) == 4, "every event still reaches the metrics"

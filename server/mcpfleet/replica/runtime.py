@@ -65,7 +65,7 @@ from mcpfleet.replica.limitgate import LimitGate
 from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
-from mcpfleet.replica.tracing import TracedRequests
+from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
 from mcpfleet.sigterm import SigtermFirstServer
 from mcpfleet.tasks import (
     FleetTasks,
@@ -101,7 +101,7 @@ class Replica:
             name=self.name, session_idle=config.session_idle, rehome=config.session_rehome
         )
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
-        self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
+        self.codec = ReloadableCodec(ring, observer=traced_codec_events(self.metrics.codec_event))
         self.mcp_app = load_app(config.app)
         if quiet_telemetry():
             log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")

@@ -67,6 +67,7 @@ from mcpfleet.router.decisions import (
     RouteKind,
     cancellations,
     classify,
+    era_of,
     parses_as_json,
     pick_stateless,
     place_session,
@@ -287,6 +288,9 @@ class Router:
             span.set_attribute("mcpfleet.route", route)
             span.set_attribute("mcpfleet.outcome", outcome.value)
             failed = outcome.value if isinstance(outcome, Failure) else None
+            if status and status[0] == 429:
+                # A replica refused it under a limit per principal (its span says which).
+                span.set_attribute("mcpfleet.limited", True)
             tracing.end_http(span, status[0] if status else None, failed)
         return route, outcome
 
@@ -303,6 +307,10 @@ class Router:
             return Route.INVALID, RequestOutcome.REJECTED
         method: str = scope["method"]
         kind = classify(method, x.headers, x.body)
+        if tracing.ON:
+            era = era_of(kind, x.headers)
+            if era is not None:
+                tracing.note("mcpfleet.era", era)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(x.body):
             # Answered here: a replica would open (and leak) a session for it.
             await respond(
