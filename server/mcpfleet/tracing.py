@@ -164,11 +164,18 @@ def _redacting_processor() -> Any:
     return Redacting()
 
 
-def tracer() -> Any:
-    """mcpfleet's tracer (only once tracing is on: it imports the API's trace module)."""
-    from opentelemetry import trace
+_TRACER: Any = None
 
-    return trace.get_tracer(SCOPE, schema_url=SEMCONV_SCHEMA)
+
+def tracer() -> Any:
+    """mcpfleet's tracer (only once tracing is on: it imports the API's trace module),
+    made once: the SDK makes a new tracer, and its scope, on each ``get_tracer``."""
+    global _TRACER
+    if _TRACER is None:
+        from opentelemetry import trace
+
+        _TRACER = trace.get_tracer(SCOPE, schema_url=SEMCONV_SCHEMA)
+    return _TRACER
 
 
 def note(key: str, value: str | int | bool) -> None:
