@@ -512,11 +512,7 @@ class Router:
                 await self._record(x, name, upstream)
             elif session is not None and session_ended(upstream):
                 await self._forget(session, upstream)
-            self.metrics.observe_latency(
-                kind.value,
-                time.perf_counter() - x.started,
-                tracing.exemplar() if tracing.ON else None,
-            )
+            self._observe_latency(kind, x.started)
             result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
@@ -525,6 +521,12 @@ class Router:
             return result
         finally:
             self.view.inflight[name] -= 1
+
+    def _observe_latency(self, kind: RouteKind, started: float) -> None:
+        """The request's time to the replica's headers; with tracing on, its trace's ids
+        as the observation's exemplar (when sampled)."""
+        exemplar = tracing.exemplar() if tracing.ON else None
+        self.metrics.observe_latency(kind.value, time.perf_counter() - started, exemplar)
 
     async def _record(self, x: Exchange, name: str, upstream: Response) -> None:
         """An ``initialize`` was answered 200: the session it opened is routed to ``name``
