@@ -297,3 +297,37 @@ def test_a_handshake_sessions_requests_are_each_traced_through_the_sticky_route(
     (tool,) = [s for s in spans if s.name == "tools/call charge"]
     assert tool.attributes["mcpfleet.round.era"] == "handshake"
     assert tool.attributes["mcpfleet.round.kind"] == "final"
+
+
+def test_a_round_refused_under_a_limit_says_so_on_the_router_and_the_replica(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    env = _fleet_env(receiver, tmp_path)
+    limits = ("--limit-rounds", "1", "--limit-burst", "1")
+    options = FleetOptions(replicas=1, app=APP, env=env, replica_args=limits)
+    trace_id = secrets.token_hex(16)
+    with local_fleet(tmp_path, options) as lf:
+        statuses = []
+        for n in range(3):  # one allowed a second (a burst of one): the next ones refused
+            header, _ = _traceparent(trace_id)
+            answer = modern_call(
+                lf.url, "charge", {"order": f"l-{n}"}, headers={"traceparent": header}
+            )
+            statuses.append(answer.status)
+        assert 429 in statuses, statuses
+
+        def refused() -> list[tuple[Got, Got]] | None:
+            spans = receiver.of_trace(trace_id)
+            routers = [
+                s
+                for s in spans
+                if s.service == "mcpfleet-router" and s.attributes.get("mcpfleet.limited")
+            ]
+            pairs = [(r, s) for r in routers for s in spans if s.parent == r.span_id]
+            return pairs if len(pairs) == statuses.count(429) else None
+
+        pairs = wait_for(refused, timeout=15, what="the refused requests' spans")
+        for router, replica in pairs:
+            assert router.attributes["http.response.status_code"] == 429
+            assert replica.service == "mcpfleet-replica"
+            assert replica.attributes["mcpfleet.limited"] == "rounds"
