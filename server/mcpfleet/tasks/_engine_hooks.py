@@ -18,7 +18,9 @@ installed by a named function below, once per process:
                                                          (:func:`_replace_snapshot_codec`)
 3    ``fastmcp_tasks.components.reentrant_task_fn``      how each leg ended, which asyncio
                                                          task runs it (the drain); the
-                                                         principal's share of the workers
+                                                         principal's share of the workers;
+                                                         the leg's span, linked to the
+                                                         task's creation (:mod:`._trace`)
                                                          (:func:`_replace_reentrant_task_fn`)
 4    ``fastmcp_tasks.handlers.mark_cancelled``           counted ``cancelled``, unledgered
                                                          (:func:`_replace_mark_cancelled`)
