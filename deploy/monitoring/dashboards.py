@@ -59,10 +59,24 @@ class PanelSpec:
     kind: str = "timeseries"  # timeseries | stat | table
     width: int = 12
     height: int = 8
+    #: The queries ask for exemplars, each linked to its trace in ``$tracing``
+    #: (a histogram whose observations carry a ``trace_id`` exemplar).
+    traces: bool = False
 
 
-def _target(q: Query, ref: str) -> gp.Dataquery:
+#: Where an exemplar's trace opens: Explore on the ``$tracing`` data source, looking
+#: up the exemplar's ``trace_id`` (Tempo's TraceQL trace id query; Jaeger's and
+#: Zipkin's data sources take the id as the query too).
+TRACE_URL = (
+    '/explore?left={"datasource":"${tracing}","queries":[{"refId":"A",'
+    '"queryType":"traceql","query":"${__data.fields.trace_id}"}]}'
+)
+
+
+def _target(q: Query, ref: str, exemplars: bool = False) -> gp.Dataquery:
     t = gp.Dataquery().expr(q.expr).ref_id(ref).datasource(DATASOURCE)
+    if exemplars:
+        t = t.exemplar(True)
     t = t.instant().format(PromQueryFormat.TABLE) if q.table else t.range()
     if q.legend:
         t = t.legend_format(q.legend)
@@ -85,17 +99,31 @@ def _panel(spec: PanelSpec) -> Any:
         .height(spec.height)
     )
     for i, q in enumerate(spec.queries):
-        p = p.with_target(_target(q, chr(ord("A") + i)))
+        p = p.with_target(_target(q, chr(ord("A") + i), spec.traces))
+    if spec.traces:
+        p = p.data_links([gd.DashboardLink("Trace ${__data.fields.trace_id}").url(TRACE_URL)])
     return p
 
 
-def _variables(d: gd.Dashboard) -> gd.Dashboard:
-    return d.with_variable(
+def _variables(d: gd.Dashboard, traces: bool) -> gd.Dashboard:
+    """``$datasource`` and ``$namespace``; ``$tracing`` too where a panel links to traces."""
+    d = d.with_variable(
         gd.DatasourceVariable("datasource")
         .label("Data source")
         .type("prometheus")
         .description("The Prometheus that scrapes the fleet.")
-    ).with_variable(
+    )
+    if traces:
+        d = d.with_variable(
+            gd.DatasourceVariable("tracing")
+            .label("Traces")
+            .type("tempo")
+            .description(
+                "The tracing backend the fleet exports to (docs/observability.md#traces): a "
+                "latency panel's exemplars open their trace there."
+            )
+        )
+    return d.with_variable(
         gd.QueryVariable("namespace")
         .label("Namespace")
         .description("The namespace (fleet) whose replicas, routers and operator are shown.")
@@ -123,7 +151,7 @@ def build(
         .refresh("30s")
         .timezone("browser")
     )
-    d = _variables(d)
+    d = _variables(d, any(spec.traces for _, panels in rows for spec in panels))
     ids = iter(range(1, 1000))
     for row_title, panels in rows:
         d = d.with_row(gd.Row(row_title).id(next(ids)))
@@ -226,7 +254,9 @@ def rounds_dashboard() -> dict[str, Any]:
                     ),
                     PanelSpec(
                         "Round latency p99 per component",
-                        "The slowest rounds, per component and kind.",
+                        "The slowest rounds, per component and kind. With tracing on, the "
+                        "points over the lines are exemplars: one traced round each, linked "
+                        "to its trace in the Traces data source.",
                         "s",
                         (
                             Query(
@@ -234,6 +264,7 @@ def rounds_dashboard() -> dict[str, Any]:
                                 "{{component_type}} {{component}} {{kind}}",
                             ),
                         ),
+                        traces=True,
                     ),
                 ],
             ),
@@ -719,7 +750,8 @@ def routing_dashboard() -> dict[str, Any]:
                     PanelSpec(
                         "Proxy latency by route",
                         "Time from a request's arrival at the router to the upstream response "
-                        "headers, p50 and p99.",
+                        "headers, p50 and p99. With tracing on, the points are exemplars: one "
+                        "traced request each, linked to its trace in the Traces data source.",
                         "s",
                         tuple(
                             Query(
@@ -729,6 +761,7 @@ def routing_dashboard() -> dict[str, Any]:
                             for q in (0.5, 0.99)
                         ),
                         width=24,
+                        traces=True,
                     ),
                 ],
             ),

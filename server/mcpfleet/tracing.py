@@ -38,6 +38,7 @@ on the path adds to it (:func:`note`) or opens a child (:func:`child`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -131,15 +132,50 @@ def _install_sdk(service: str, instance: str) -> None:
     defaults = {"service.name": service, "service.instance.id": instance}
     resource = Resource.create({k: v for k, v in defaults.items() if k not in named})
     provider = TracerProvider(resource=resource)
+    provider.add_span_processor(_redacting_processor())
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
 
 
-def tracer() -> Any:
-    """mcpfleet's tracer (only once tracing is on: it imports the API's trace module)."""
-    from opentelemetry import trace
+#: Span attributes other libraries set that carry what guards a resource (a task's
+#: execution key holds its task id: all that guards a task without auth). Each is
+#: replaced, as a span starts, by a digest that still tells spans of one key apart.
+REDACTED_ATTRIBUTES: Final = ("docket.key",)
 
-    return trace.get_tracer(SCOPE, schema_url=SEMCONV_SCHEMA)
+
+def redacted(value: str) -> str:
+    """What a :data:`REDACTED_ATTRIBUTES` value is exported as."""
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def _redacting_processor() -> Any:
+    """A span processor that redacts :data:`REDACTED_ATTRIBUTES` on each span's start
+    (before any exporter sees the span)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Redacting(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            attributes = span.attributes
+            for key in REDACTED_ATTRIBUTES:
+                value = attributes.get(key) if attributes else None
+                if isinstance(value, str):
+                    span.set_attribute(key, redacted(value))
+
+    return Redacting()
+
+
+_TRACER: Any = None
+
+
+def tracer() -> Any:
+    """mcpfleet's tracer (only once tracing is on: it imports the API's trace module),
+    made once: the SDK makes a new tracer, and its scope, on each ``get_tracer``."""
+    global _TRACER
+    if _TRACER is None:
+        from opentelemetry import trace
+
+        _TRACER = trace.get_tracer(SCOPE, schema_url=SEMCONV_SCHEMA)
+    return _TRACER
 
 
 def note(key: str, value: str | int | bool) -> None:
@@ -170,6 +206,20 @@ def traceparent() -> bytes:
     return b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
 
 
+def exemplar() -> dict[str, str] | None:
+    """The exemplar labels of an observation made now: the current span's ``trace_id``
+    and ``span_id`` (hex) when it is sampled, else None (off, no span, not sampled:
+    an exemplar pointing at a trace no backend has would be a dead link)."""
+    if not ON:
+        return None
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid or not ctx.trace_flags.sampled:
+        return None
+    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
 def extract(traceparent: str | None, tracestate: str | None = None) -> Any:
     """The OpenTelemetry context an incoming request's W3C headers carry (the
     current context when they carry none, or nothing valid)."""
@@ -181,6 +231,38 @@ def extract(traceparent: str | None, tracestate: str | None = None) -> Any:
         if tracestate:
             carrier["tracestate"] = tracestate
     return TraceContextTextMapPropagator().extract(carrier)
+
+
+def span_context(traceparent: str) -> Any:
+    """The span context a W3C ``traceparent`` value names, or None if it names none."""
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span(extract(traceparent)).get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+@contextlib.contextmanager
+def linked_span(name: str, links_to: str | None, **attributes: str | int | bool) -> Iterator[Any]:
+    """A span ``name`` current in the block, with a link to the span the W3C
+    ``traceparent`` value ``links_to`` names (no link when it names none): work done
+    later, elsewhere, for a request that ended (a task's leg on a worker), as the
+    OpenTelemetry messaging conventions model a message's processing. Under the
+    current span (kind INTERNAL) when there is one (a queue's own span of the
+    execution), else the root of a trace of its own (kind CONSUMER). Only when
+    :data:`ON`; an exception leaving the block marks it failed."""
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, SpanKind
+
+    origin = span_context(links_to) if links_to else None
+    links = [Link(origin)] if origin is not None else []
+    under = trace.get_current_span().get_span_context().is_valid
+    with tracer().start_as_current_span(
+        name,
+        kind=SpanKind.INTERNAL if under else SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes,
+    ) as span:
+        yield span
 
 
 def http_route(path: str, routes: frozenset[str]) -> str | None:

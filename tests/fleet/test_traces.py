@@ -1,32 +1,33 @@
 """Traces through a real fleet: the router's and the replicas' spans, exported over
 OTLP/HTTP to a receiver in this process, one trace from the client's traceparent.
 
-The receiver is a real OTLP/HTTP endpoint (``POST /v1/traces``) that decodes each
-``ExportTraceServiceRequest`` with ``opentelemetry-proto``: nothing of the SDK is
-mocked; the processes export as they would to a collector.
+The receiver (:class:`fleetkit.otlp.Receiver`) is a real OTLP/HTTP endpoint
+(``POST /v1/traces``) that decodes each ``ExportTraceServiceRequest`` with
+``opentelemetry-proto``: nothing of the SDK is mocked; the processes export as
+they would to a collector.
 """
 
 from __future__ import annotations
 
-import gzip
+import asyncio
+import re
 import secrets
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.rawsession import RawSession
 from fleetkit.clients.wire import accept, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
+from fleetkit.otlp import Got, Receiver
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
@@ -36,87 +37,10 @@ pytestmark = pytest.mark.fleet
 APP = "fleetkit.apps.onceapp:app"
 
 
-@dataclass(frozen=True)
-class Got:
-    """One span as received: its service, and the span's fields that matter here."""
-
-    service: str
-    name: str
-    kind: int
-    trace_id: str
-    span_id: str
-    parent: str
-    attributes: dict[str, Any]
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on 127.0.0.1: every span it was sent, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Got] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                if self.headers.get("content-encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.take(ExportTraceServiceRequest.FromString(body))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def take(self, request: ExportTraceServiceRequest) -> None:
-        got = []
-        for rs in request.resource_spans:
-            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                for s in ss.spans:
-                    got.append(
-                        Got(
-                            service=str(resource.get("service.name")),
-                            name=s.name,
-                            kind=s.kind,
-                            trace_id=s.trace_id.hex(),
-                            span_id=s.span_id.hex(),
-                            parent=s.parent_span_id.hex(),
-                            attributes={a.key: _value(a.value) for a in s.attributes},
-                        )
-                    )
-        with self.lock:
-            self.spans += got
-
-    def of_trace(self, trace_id: str) -> list[Got]:
-        with self.lock:
-            return [s for s in self.spans if s.trace_id == trace_id]
-
-
-def _value(v: Any) -> Any:
-    """An OTLP ``AnyValue`` as a Python value."""
-    which = v.WhichOneof("value")
-    return getattr(v, which) if which else None
-
-
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    r.thread.start()
-    try:
+    with Receiver() as r:
         yield r
-    finally:
-        r.server.shutdown()
-        r.server.server_close()
 
 
 def _fleet_env(receiver: Receiver, tmp: Path, **extra: str) -> dict[str, str]:
@@ -182,6 +106,12 @@ def _round(spans: list[Got], client_span: str) -> dict[str, Got]:
     return {"router": router, "replica": replica, "tool": tool}
 
 
+def _attribute_values(spans: list[Got], key: str, request: dict[str, Got]) -> set[Any]:
+    """The values of attribute ``key`` on the replica's spans of one request."""
+    mine = {request["replica"].span_id, request["tool"].span_id}
+    return {s.attributes[key] for s in spans if s.span_id in mine and key in s.attributes}
+
+
 def _expected(spans: list[Got]) -> bool:
     """Whether every span of :func:`_two_rounds` arrived."""
     names = [(s.service, s.name) for s in spans]
@@ -209,11 +139,16 @@ def test_a_modern_flow_through_the_router_is_one_trace_under_the_clients_span(
         assert router["http.request.method"] == "POST" and router["http.route"] == "/mcp"
         assert router["http.response.status_code"] == 200
         assert router["mcpfleet.route"] == "stateless" and router["mcpfleet.outcome"] == "ok"
+        assert router["mcpfleet.era"] == "modern"
         assert router["mcpfleet.replica"] == one["replica"].attributes["mcpfleet.replica"]
         assert one["tool"].attributes["mcpfleet.round.era"] == "modern"
         assert one["tool"].attributes["gen_ai.tool.name"] == "charge"
     assert first["tool"].attributes["mcpfleet.round.kind"] == "asking"
     assert first["tool"].attributes["mcpfleet.round.questions"] == 1
+    # The kid of the key that sealed the asking round's request state, and opened it.
+    kid = first["tool"].attributes["mcpfleet.requeststate.seal_kid"]
+    assert re.fullmatch("[0-9a-f]{8}", kid), kid
+    assert kid in _attribute_values(spans, "mcpfleet.requeststate.unseal_kid", last)
     assert last["tool"].attributes["mcpfleet.round.kind"] == "final"
     assert last["tool"].attributes["mcpfleet.round.step"] == "continue"
     tool = last["tool"].span_id
@@ -260,3 +195,139 @@ def test_with_tracing_off_nothing_is_exported(
         _two_rounds(traced.url, probe)
         wait_for(lambda: _expected(receiver.of_trace(probe)), timeout=15, what="the probe's spans")
         assert receiver.of_trace(trace_id) == []
+
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def _exemplar_traces(url: str, family: str, accept: str = OPENMETRICS) -> set[str]:
+    """The trace ids of the exemplars of histogram ``family``'s buckets at ``url``."""
+    resp = httpx.get(url, headers={"accept": accept}, timeout=10)
+    assert resp.status_code == 200
+    if not resp.headers["content-type"].startswith("application/openmetrics-text"):
+        # Prometheus' text format carries no exemplar (and parses without them).
+        assert " # {" not in resp.text
+        return set()
+    return {
+        sample.exemplar.labels["trace_id"]
+        for metrics in openmetrics_families(resp.text)
+        if metrics.name == family
+        for sample in metrics.samples
+        if sample.name == f"{family}_bucket" and sample.exemplar is not None
+    }
+
+
+def test_the_latency_histograms_carry_the_traced_requests_trace_id_as_exemplar(
+    traced: ProcessFleet, receiver: Receiver
+) -> None:
+    trace_id = secrets.token_hex(16)
+    header, _ = _traceparent(trace_id)
+    answer = modern_call(traced.url, "charge", {"order": "t-3"}, headers={"traceparent": header})
+    assert answer.status == 200 and answer.replica in traced.members, answer
+    replica = f"{traced.members[answer.replica].url}/metrics"
+    router = f"{traced.url.removesuffix('/mcp')}/metrics"
+    assert trace_id in _exemplar_traces(replica, "mcpfleet_round_duration_seconds")
+    assert trace_id in _exemplar_traces(router, "mcpfleet_router_proxy_seconds")
+    # Asked for Prometheus' text format (or nothing), the scrape is what it was.
+    assert _exemplar_traces(replica, "mcpfleet_round_duration_seconds", "text/plain") == set()
+    assert _exemplar_traces(router, "mcpfleet_router_proxy_seconds", "") == set()
+    # A request whose trace is not sampled leaves no exemplar pointing at it.
+    unsampled = secrets.token_hex(16)
+    header = f"00-{unsampled}-{secrets.token_hex(8)}-00"
+    answer = modern_call(traced.url, "charge", {"order": "t-4"}, headers={"traceparent": header})
+    assert answer.status == 200
+    assert unsampled not in _exemplar_traces(router, "mcpfleet_router_proxy_seconds")
+
+
+async def _handshake_session(url: str, trace_id: str) -> dict[str, str]:
+    """A handshake session through the router, each request with its own client span in
+    trace ``trace_id``: initialize, initialized, a call that elicits, the answer. The
+    client span id of each, by step."""
+    spans: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=15) as http:
+        session = RawSession(url, http)
+
+        def step(name: str) -> None:
+            session.headers["traceparent"], spans[name] = _traceparent(trace_id)
+
+        step("initialize")
+        await session.open("traced-client")  # initialize, then notifications/initialized
+        step("call")
+        pending = await session.start_elicitation("charge", {"order": "t-5"})
+        step("answer")
+        answered = await session.answer(pending.request_id, {"ok": True})
+        assert answered.status_code == 202, answered.text
+        await asyncio.wait_for(asyncio.shield(pending.reader), 15)
+        await pending.aclose()
+    return spans
+
+
+def test_a_handshake_sessions_requests_are_each_traced_through_the_sticky_route(
+    traced: ProcessFleet, receiver: Receiver
+) -> None:
+    trace_id = secrets.token_hex(16)
+    clients = asyncio.run(_handshake_session(traced.url, trace_id))
+
+    def arrived() -> list[Got] | None:
+        spans = receiver.of_trace(trace_id)
+        routers = [s for s in spans if s.service == "mcpfleet-router"]
+        tools = [
+            s
+            for s in spans
+            if s.name == "tools/call charge" and "mcpfleet.round.kind" in s.attributes
+        ]
+        return spans if len(routers) == 4 and tools else None
+
+    spans = wait_for(arrived, timeout=15, what="the session's spans")
+    # initialize and notifications/initialized went with one client span; then one each.
+    expected = {"initialize": ["initialize", "sticky"], "call": ["sticky"], "answer": ["sticky"]}
+    owners = set()
+    for step, client in clients.items():
+        routers = [s for s in spans if s.parent == client and s.service == "mcpfleet-router"]
+        assert sorted(s.attributes["mcpfleet.route"] for s in routers) == expected[step], routers
+        for router in routers:
+            attrs = router.attributes
+            assert attrs["mcpfleet.era"] == "handshake", attrs
+            if attrs["mcpfleet.route"] == "sticky":
+                assert attrs["mcpfleet.session.lookup"] in ("cache", "redis"), attrs
+            replica = _one_child(spans, router.span_id, "mcpfleet-replica", "POST /mcp")
+            assert replica.attributes["mcpfleet.replica"] == attrs["mcpfleet.replica"]
+            owners.add(attrs["mcpfleet.replica"])
+    assert len(owners) == 1, "every request of the session reached its owner"
+    (tool,) = [s for s in spans if s.name == "tools/call charge"]
+    assert tool.attributes["mcpfleet.round.era"] == "handshake"
+    assert tool.attributes["mcpfleet.round.kind"] == "final"
+
+
+def test_a_round_refused_under_a_limit_says_so_on_the_router_and_the_replica(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    env = _fleet_env(receiver, tmp_path)
+    limits = ("--limit-rounds", "1", "--limit-burst", "1")
+    options = FleetOptions(replicas=1, app=APP, env=env, replica_args=limits)
+    trace_id = secrets.token_hex(16)
+    with local_fleet(tmp_path, options) as lf:
+        statuses = []
+        for n in range(3):  # one allowed a second (a burst of one): the next ones refused
+            header, _ = _traceparent(trace_id)
+            answer = modern_call(
+                lf.url, "charge", {"order": f"l-{n}"}, headers={"traceparent": header}
+            )
+            statuses.append(answer.status)
+        assert 429 in statuses, statuses
+
+        def refused() -> list[tuple[Got, Got]] | None:
+            spans = receiver.of_trace(trace_id)
+            routers = [
+                s
+                for s in spans
+                if s.service == "mcpfleet-router" and s.attributes.get("mcpfleet.limited")
+            ]
+            pairs = [(r, s) for r in routers for s in spans if s.parent == r.span_id]
+            return pairs if len(pairs) == statuses.count(429) else None
+
+        pairs = wait_for(refused, timeout=15, what="the refused requests' spans")
+        for router, replica in pairs:
+            assert router.attributes["http.response.status_code"] == 429
+            assert replica.service == "mcpfleet-replica"
+            assert replica.attributes["mcpfleet.limited"] == "rounds"

@@ -66,3 +66,23 @@ def test_dashboard_queries_only_name_mcpfleet_metrics_with_one_prefix() -> None:
                 "limited",
                 "limit",
             }, metric
+
+
+def test_a_latency_panel_links_its_exemplars_to_traces_through_a_tracing_variable() -> None:
+    boards = monitoring.dashboards()
+    linked = {}
+    for name, board in boards.items():
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        for panel in monitoring.panels(board):
+            if not any(t.get("exemplar") for t in panel["targets"]):
+                continue
+            assert all(t.get("exemplar") for t in panel["targets"]), panel["title"]
+            assert variables["tracing"]["type"] == "datasource", name
+            (link,) = panel["fieldConfig"]["defaults"]["links"]
+            assert '"datasource":"${tracing}"' in link["url"], link
+            assert "${__data.fields.trace_id}" in link["url"], link
+            linked[name] = panel["title"]
+    assert linked == {
+        "mcpfleet-rounds.json": "Round latency p99 per component",
+        "mcpfleet-routing.json": "Proxy latency by route",
+    }

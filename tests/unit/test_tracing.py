@@ -184,3 +184,98 @@ def test_the_replica_continues_the_incoming_context_into_fastmcps_spans() -> Non
     assert http[2] == "b7ad6b7169203331"  # the caller's span
     assert tool[2] == http[1]  # FastMCP's span is the replica's span's child
     assert tool[3] == "asking"
+
+
+@pytest.mark.parametrize(
+    ("kind", "headers", "era"),
+    [
+        ("stateless", {"mcp-protocol-version": "2026-07-28"}, "modern"),
+        ("stateless", {"mcp-protocol-version": "2025-11-25"}, "handshake"),
+        ("sticky", {"mcp-session-id": "a" * 32}, "handshake"),
+        ("initialize", {}, "handshake"),
+        ("stateless", {}, None),
+    ],
+)
+def test_the_routers_span_names_the_requests_era(
+    kind: str, headers: dict[str, str], era: str | None
+) -> None:
+    from mcpfleet.router.decisions import RouteKind, era_of
+
+    assert era_of(RouteKind(kind), headers) == era
+
+
+def test_the_codecs_kids_go_on_the_span_only_when_tracing_is_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcpfleet.replica import tracing as replica_tracing
+
+    counted: list[tuple[str, str]] = []
+    noted: list[tuple[str, object]] = []
+    monkeypatch.setattr(tracing, "note", lambda key, value: noted.append((key, value)))
+    observe = counted.append
+    off = replica_tracing.traced_codec_events(lambda e, v: observe((e, v)))
+    off("seal", "0a1b2c3d")
+    assert noted == []
+    monkeypatch.setattr(tracing, "ON", True)
+    on = replica_tracing.traced_codec_events(lambda e, v: observe((e, v)))
+    on("seal", "0a1b2c3d")
+    on("unseal", "0a1b2c3d")
+    on("reject", "expired")
+    assert noted == [
+        ("mcpfleet.requeststate.seal_kid", "0a1b2c3d"),
+        ("mcpfleet.requeststate.unseal_kid", "0a1b2c3d"),
+    ]
+    assert len(counted) == 4, "every event still reaches the metrics"
+
+
+SPANS_SCRIPT = """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from mcpfleet import tracing
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(tracing._redacting_processor())
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    trace.set_tracer_provider(provider)
+    tracing.ON = True
+    creator = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    key = "anon:SECRET-TASK-ID:tool:double"
+    docket = trace.get_tracer("docket")
+    with docket.start_as_current_span("docket.add", attributes={"docket.key": key}):
+        pass
+    with tracing.linked_span("leg-alone", creator, a=1):
+        current = trace.get_current_span().get_span_context().trace_id
+        print("exemplar", tracing.exemplar()["trace_id"] == f"{current:032x}")
+    with tracing.tracer().start_as_current_span("execution"):
+        with tracing.linked_span("leg-under", None):
+            pass
+    unsampled = tracing.extract("00-" + "1" * 32 + "-" + "2" * 16 + "-00")
+    with tracing.tracer().start_as_current_span("unsampled", context=unsampled):
+        print("unsampled", tracing.exemplar())
+    for s in exported.get_finished_spans():
+        links = [f"{l.context.trace_id:032x}-{l.context.span_id:016x}" for l in s.links]
+        parent = f"{s.parent.span_id:016x}" if s.parent else "-"
+        print(s.name, s.kind.name, parent, links or "-", dict(s.attributes))
+"""
+
+
+def test_a_leg_links_its_creation_exemplars_need_a_sampled_span_task_keys_are_redacted() -> None:
+    out = _run(SPANS_SCRIPT).splitlines()
+    assert "exemplar True" in out and "unsampled None" in out
+    spans = {
+        line.split()[0]: line for line in out if not line.startswith(("exemplar", "unsampled"))
+    }
+    assert "SECRET-TASK-ID" not in spans["docket.add"]
+    assert "'docket.key': 'sha256:" in spans["docket.add"]
+    alone = spans["leg-alone"].split(maxsplit=4)
+    assert alone[1:4] == [
+        "CONSUMER",
+        "-",
+        "['0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331']",
+    ]
+    under = spans["leg-under"].split(maxsplit=4)
+    assert under[1] == "INTERNAL" and under[2] != "-" and under[3] == "-"

@@ -457,6 +457,12 @@ def main() -> None:
         help="only the replica's CPU per round beside plain FastMCP (benchkit.roundcost)",
     )
     parser.add_argument(
+        "--tracing-only",
+        action="store_true",
+        help="only the replica's and the router's CPU per round with tracing off, on at 100%%"
+        " and at 1%% sampling (benchkit.tracecost)",
+    )
+    parser.add_argument(
         "--answers-only",
         action="store_true",
         help="only the router's CPU per round for a 1 MiB answer beside a 1 KiB one"
@@ -480,6 +486,13 @@ def main() -> None:
         print(render_summary(kept, None))
         print(f"\n{_took(started)}; {_load()}")
         return
+    if args.tracing_only:
+        from benchkit.tracecost import trace_cost_rows
+
+        print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        print(render(trace_cost_rows(args.quick)))
+        print(f"\n{_took(started)}; {_load()}")
+        return
     if args.answers_only:
         from benchkit.answersize import answer_size_rows
 
@@ -496,6 +509,9 @@ def main() -> None:
         from benchkit.roundcost import round_cost_rows
 
         rows += round_cost_rows(args.quick, keep=results.rounds)
+        from benchkit.tracecost import trace_cost_rows  # tracing off / on 100% / on 1%
+
+        rows += trace_cost_rows(args.quick)
         from benchkit.answersize import answer_size_rows
 
         rows += answer_size_rows(args.quick)

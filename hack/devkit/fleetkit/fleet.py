@@ -139,7 +139,8 @@ class FleetOptions:
 
     ``app`` may also name a test app in ``hack/devkit/fleetkit``: hack/devkit/ is on
     the replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
-    ``PYTHONPATH`` goes after hack/devkit/). ``port``: the first router's (default: free).
+    ``PYTHONPATH`` goes after hack/devkit/, the test process's after both).
+    ``port``: the first router's (default: free).
     """
 
     replicas: int = 3
@@ -159,7 +160,9 @@ class FleetOptions:
 
     def fleet_fields(self) -> dict[str, Any]:
         """The :class:`LocalFleet` fields these options set, for any backend's constructor."""
-        path = os.pathsep.join(p for p in (str(DEVKIT_DIR), self.env.get("PYTHONPATH")) if p)
+        # The test process's own PYTHONPATH last: a checkout's sources, not an install's.
+        paths = (str(DEVKIT_DIR), self.env.get("PYTHONPATH"), os.environ.get("PYTHONPATH"))
+        path = os.pathsep.join(p for p in paths if p)
         return {
             "replicas": self.replicas,
             "routers": self.routers,

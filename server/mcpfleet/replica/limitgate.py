@@ -30,6 +30,7 @@ from mcp.server.streamable_http_manager import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpfleet import tracing
 from mcpfleet.contract import MCP_PATH, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.limits import (
@@ -146,6 +147,7 @@ class LimitGate:
         await self.app(scope, receive, watched)
 
     def _count(self, refusal: Refusal, body: bytes | None) -> None:
+        tracing.note("mcpfleet.limited", refusal.limit)
         if self.observer is not None:
             tool = _tool_name(body) if body is not None and b"tools/call" in body else None
             self.observer.limited(refusal.limit, self.tool_label(tool))

@@ -65,13 +65,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import Collector
 
 from mcpfleet import __version__
@@ -100,6 +100,17 @@ REJECTION_REASONS: Final[dict[str, str]] = {
     "minted in the future": "future",
     "codec error": "codec_error",
 }
+
+
+def exposition(registries: Sequence[CollectorRegistry], accept: str) -> tuple[bytes, str]:
+    """``registries`` exposed in the format a scraper's ``Accept`` header asks for, and its
+    content type: OpenMetrics (the round histogram's exemplars with it) when asked,
+    else Prometheus' text format. OpenMetrics ends once (``# EOF``), after the last."""
+    encoder, content_type = choose_encoder(accept)
+    parts = [encoder(r) for r in registries]
+    if content_type.startswith("application/openmetrics-text"):
+        parts = [p.removesuffix(b"# EOF\n") for p in parts[:-1]] + parts[-1:]
+    return b"".join(parts), content_type
 
 
 def rejection_label(reason: str) -> str:

@@ -306,7 +306,7 @@ class PrometheusMiddleware(Middleware):
             _note_round(r, kind, outcome)
         self.rounds.labels(kind, r.component_type, r.component, r.era, outcome, r.step).inc()
         self.duration.labels(r.component_type, r.component, kind, r.era).observe(
-            time.perf_counter() - r.started
+            time.perf_counter() - r.started, tracing.exemplar() if tracing.ON else None
         )
 
     def _final(self, r: _Round, outcome: str) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import uvicorn
 from fastmcp.server.http import StarletteWithLifespan
-from prometheus_client import generate_latest
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -62,10 +62,10 @@ from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.hostguard import KeptHostGuard
 from mcpfleet.replica.limitgate import LimitGate
-from mcpfleet.replica.metrics import ReplicaMetrics
+from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
-from mcpfleet.replica.tracing import TracedRequests
+from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
 from mcpfleet.sigterm import SigtermFirstServer
 from mcpfleet.tasks import (
     FleetTasks,
@@ -101,7 +101,7 @@ class Replica:
             name=self.name, session_idle=config.session_idle, rehome=config.session_rehome
         )
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
-        self.codec = ReloadableCodec(ring, observer=self.metrics.codec_event)
+        self.codec = ReloadableCodec(ring, observer=traced_codec_events(self.metrics.codec_event))
         self.mcp_app = load_app(config.app)
         if quiet_telemetry():
             log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
@@ -223,11 +223,13 @@ class Replica:
         )
 
     async def serve_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``/metrics``: the replica's registry, and the app's own middleware's if it had one."""
-        body = self.metrics.render()
+        """``/metrics``: the replica's registry, and the app's own middleware's if it had one,
+        in the format the scraper's ``Accept`` asks for (OpenMetrics carries exemplars)."""
+        registries = [self.metrics.registry]
         if self.rounds.registry is not self.metrics.registry:
-            body += generate_latest(self.rounds.registry)
-        await send_whole(send, 200, body, content_type=self.metrics.content_type.encode())
+            registries.append(self.rounds.registry)
+        body, content_type = exposition(registries, Headers(scope=scope).get("accept", ""))
+        await send_whole(send, 200, body, content_type=content_type.encode())
 
     def _install_ledger(self, ledger: Ledger) -> None:
         install_ledger(

@@ -11,6 +11,8 @@ middleware's attributes and the once-ledger's spans join the caller's trace.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpfleet import tracing
@@ -41,3 +43,26 @@ class TracedRequests:
                 await self.app(scope, receive, recording)
             finally:
                 tracing.end_http(span, status[0] if status else None)
+
+
+#: The span attribute of each request-state event the codec reports (by kid).
+_CODEC_ATTRIBUTES = {
+    "seal": "mcpfleet.requeststate.seal_kid",
+    "unseal": "mcpfleet.requeststate.unseal_kid",
+}
+
+
+def traced_codec_events(observe: Callable[[str, str], None]) -> Callable[[str, str], None]:
+    """The codec's observer ``observe`` that also notes, on the current span, the kid of
+    the key that sealed or opened the round's request state (never the token); ``observe``
+    itself when tracing is off (the codec's path pays nothing)."""
+    if not tracing.ON:
+        return observe
+
+    def observed(event: str, value: str) -> None:
+        observe(event, value)
+        attribute = _CODEC_ATTRIBUTES.get(event)
+        if attribute is not None:
+            tracing.note(attribute, value)
+
+    return observed

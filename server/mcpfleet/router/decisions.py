@@ -182,6 +182,19 @@ def cancellations(body: bytes, reason: str = "The client disconnected") -> bytes
     return json.dumps(notices[0] if len(notices) == 1 else notices).encode()
 
 
+def era_of(kind: RouteKind, headers: Mapping[str, str]) -> str | None:
+    """The protocol era of a request routed as ``kind`` (``headers`` lower-case):
+    ``modern`` when its protocol version header names a modern version, ``handshake``
+    when it names another or the request belongs to a session (or opens one), else
+    None (a sessionless request that names no version)."""
+    version = headers.get(_PROTOCOL_VERSION)
+    if version in MODERN_PROTOCOL_VERSIONS:
+        return "modern"
+    if version or kind in (RouteKind.STICKY, RouteKind.INITIALIZE):
+        return "handshake"
+    return None
+
+
 def classify(method: str, headers: Mapping[str, str], body: bytes) -> RouteKind:
     """Decide how a request is routed. ``headers`` keys are lower-case."""
     if _SESSION in headers:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 
 
 class RouterMetrics:
@@ -108,11 +108,14 @@ class RouterMetrics:
             child = self._requests[key] = self.requests.labels(route, outcome)
         child.inc()
 
-    def observe_latency(self, route: str, seconds: float) -> None:
+    def observe_latency(
+        self, route: str, seconds: float, exemplar: dict[str, str] | None = None
+    ) -> None:
+        """One request's latency; ``exemplar``: its trace's ids (tracing on, sampled)."""
         child = self._latency.get(route)
         if child is None:
             child = self._latency[route] = self.latency.labels(route)
-        child.observe(seconds)
+        child.observe(seconds, exemplar)
 
     def observe_view(self, states: dict[str, str], sessions: dict[str, int]) -> None:
         self.replicas.labels("serving").set(sum(1 for s in states.values() if s == "serving"))
@@ -123,3 +126,9 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def render_for(self, accept: str) -> tuple[bytes, str]:
+        """The exposition a scraper's ``Accept`` header asks for, and its content type:
+        OpenMetrics (with the histograms' exemplars) or Prometheus' text format."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type

@@ -67,6 +67,7 @@ from mcpfleet.router.decisions import (
     RouteKind,
     cancellations,
     classify,
+    era_of,
     parses_as_json,
     pick_stateless,
     place_session,
@@ -258,12 +259,12 @@ class Router:
             await respond(send, 200 if ready else 503, json.dumps(status).encode())
             return
         if path == "/metrics":
-            body = self.metrics.render()
+            body, content_type = self.metrics.render_for(_accept(scope))
             await send(
                 {
                     "type": "http.response.start",
                     "status": 200,
-                    "headers": [(b"content-type", self.metrics.content_type.encode())],
+                    "headers": [(b"content-type", content_type.encode())],
                 }
             )
             await send({"type": "http.response.body", "body": body})
@@ -287,6 +288,9 @@ class Router:
             span.set_attribute("mcpfleet.route", route)
             span.set_attribute("mcpfleet.outcome", outcome.value)
             failed = outcome.value if isinstance(outcome, Failure) else None
+            if status and status[0] == 429:
+                # A replica refused it under a limit per principal (its span says which).
+                span.set_attribute("mcpfleet.limited", True)
             tracing.end_http(span, status[0] if status else None, failed)
         return route, outcome
 
@@ -303,6 +307,10 @@ class Router:
             return Route.INVALID, RequestOutcome.REJECTED
         method: str = scope["method"]
         kind = classify(method, x.headers, x.body)
+        if tracing.ON:
+            era = era_of(kind, x.headers)
+            if era is not None:
+                tracing.note("mcpfleet.era", era)
         if kind is not RouteKind.STICKY and method == "POST" and not parses_as_json(x.body):
             # Answered here: a replica would open (and leak) a session for it.
             await respond(
@@ -504,7 +512,7 @@ class Router:
                 await self._record(x, name, upstream)
             elif session is not None and session_ended(upstream):
                 await self._forget(session, upstream)
-            self.metrics.observe_latency(kind.value, time.perf_counter() - x.started)
+            self._observe_latency(kind, x.started)
             result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
                 log.warning("replica %s broke off its response; aborting the client's", name)
@@ -513,6 +521,12 @@ class Router:
             return result
         finally:
             self.view.inflight[name] -= 1
+
+    def _observe_latency(self, kind: RouteKind, started: float) -> None:
+        """The request's time to the replica's headers; with tracing on, its trace's ids
+        as the observation's exemplar (when sampled)."""
+        exemplar = tracing.exemplar() if tracing.ON else None
+        self.metrics.observe_latency(kind.value, time.perf_counter() - started, exemplar)
 
     async def _record(self, x: Exchange, name: str, upstream: Response) -> None:
         """An ``initialize`` was answered 200: the session it opened is routed to ``name``
@@ -552,6 +566,14 @@ class Router:
             task = asyncio.ensure_future(self.upstream.notify(x.scope, address, notices))
             self._notices.add(task)
             task.add_done_callback(self._notices.discard)
+
+
+def _accept(scope: Scope) -> str:
+    """The request's ``Accept`` header ("" without one)."""
+    for name, value in scope["headers"]:
+        if name == b"accept":
+            return str(value.decode("latin-1"))
+    return ""
 
 
 def _note_resend(attempts: int, why: Failure) -> None:

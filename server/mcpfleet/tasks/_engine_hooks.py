@@ -18,7 +18,9 @@ installed by a named function below, once per process:
                                                          (:func:`_replace_snapshot_codec`)
 3    ``fastmcp_tasks.components.reentrant_task_fn``      how each leg ended, which asyncio
                                                          task runs it (the drain); the
-                                                         principal's share of the workers
+                                                         principal's share of the workers;
+                                                         the leg's span, linked to the
+                                                         task's creation (:mod:`._trace`)
                                                          (:func:`_replace_reentrant_task_fn`)
 4    ``fastmcp_tasks.handlers.mark_cancelled``           counted ``cancelled``, unledgered
                                                          (:func:`_replace_mark_cancelled`)
@@ -64,10 +66,12 @@ from typing import Any, Final, TypeVar
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
+from mcpfleet import tracing
 from mcpfleet.contract import task_seals_of
-from mcpfleet.tasks._fleet import FleetTasks, tool_of_key
+from mcpfleet.tasks._fleet import FleetTasks, TaskEvent, tool_of_key
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
 from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
+from mcpfleet.tasks._trace import forget_creator, leg_span
 
 T = TypeVar("T")
 
@@ -291,7 +295,9 @@ def _replace_reentrant_task_fn(hooks: EngineHooks) -> None:
         @functools.wraps(inner)
         async def leg(*args: Any, **kwargs: Any) -> Any:
             kwargs.pop(SHARE_PARAM, None)  # the share's slot, never the tool's
-            return await _observed_leg(hooks.fleet, inner, tool_name, args, kwargs)
+            fleet = hooks.fleet
+            with leg_span(tool_name, fleet.queue.worker_name if fleet else None):
+                return await _observed_leg(fleet, inner, tool_name, args, kwargs)
 
         _declare_share(hooks, leg, inner)
         return leg
@@ -330,17 +336,17 @@ async def _observed_leg(
     except asyncio.CancelledError:
         raise  # a tasks/cancel (counted where it was recorded) or a hand-back
     except Exception:
+        tracing.note("mcpfleet.task.outcome", "failed")
         if fleet is not None:
             fleet.event(tool_name, "failed")
             await fleet.unledger_current()
         raise
     finally:
         _ASKED.reset(token)
+    ended: TaskEvent = "input_required" if asked else "error" if _is_error(result) else "completed"
+    tracing.note("mcpfleet.task.outcome", ended)
     if fleet is not None:
-        fleet.event(
-            tool_name,
-            "input_required" if asked else "error" if _is_error(result) else "completed",
-        )
+        fleet.event(tool_name, ended)
         if not asked:
             await fleet.unledger_current()
     return result
@@ -386,6 +392,7 @@ def _replace_restore_snapshot(hooks: EngineHooks) -> None:
 
     @functools.wraps(restore)
     async def restored(*args: Any, **kwargs: Any) -> Any:
+        forget_creator()
         try:
             return await restore(*args, **kwargs)
         except Exception:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcpfleet.keys.ring import KeyRing, RingKey
+from mcpfleet.tasks._trace import read_creator, with_creator
 
 #: Request headers a task's stored snapshot never carries (lower case).
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
@@ -54,17 +55,21 @@ def scrub_snapshot(payload: str) -> str:
 
 
 class ScrubbingCodec:
-    """A snapshot codec that scrubs credentials before the engine's codec encodes."""
+    """A snapshot codec that scrubs credentials before the engine's codec encodes (and,
+    tracing on, adds the creating request's trace context: :mod:`._trace`)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.protected = inner.protected
 
     def encode(self, payload: str) -> str:
-        return str(self.inner.encode(scrub_snapshot(payload)))
+        # The creating request's trace context travels inside what is sealed.
+        return str(self.inner.encode(with_creator(scrub_snapshot(payload))))
 
     def decode(self, stored: str | bytes) -> str:
-        return str(self.inner.decode(stored))
+        payload = str(self.inner.decode(stored))
+        read_creator(payload)
+        return payload
 
 
 def task_member(task_scope: str | None, task_id: str) -> str:
