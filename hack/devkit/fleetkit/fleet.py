@@ -159,7 +159,13 @@ class FleetOptions:
 
     def fleet_fields(self) -> dict[str, Any]:
         """The :class:`LocalFleet` fields these options set, for any backend's constructor."""
-        path = os.pathsep.join(p for p in (str(DEVKIT_DIR), self.env.get("PYTHONPATH")) if p)
+        # The test run's own PYTHONPATH last: a checkout's server/ run without an
+        # install reaches the fleet's processes too.
+        path = os.pathsep.join(
+            p
+            for p in (str(DEVKIT_DIR), self.env.get("PYTHONPATH"), os.environ.get("PYTHONPATH"))
+            if p
+        )
         return {
             "replicas": self.replicas,
             "routers": self.routers,
@@ -209,7 +215,7 @@ def diagnostics(fleet: LocalFleet) -> str:
             if admin is not None
             else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
         )
-        keys = RedisKeys(fleet.fleet)
+        keys = getattr(fleet, "keys", None) or RedisKeys(fleet.fleet)
         names = sorted(k.decode() for k in client.scan_iter(f"{keys.prefix}:*", count=1000))
         out.append(f"--- redis keys ({len(names)}) ---")
         for name in names[:200]:

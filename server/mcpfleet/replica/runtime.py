@@ -56,7 +56,7 @@ from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
 from mcpfleet.notify import install_notifications
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
-from mcpfleet.redisconn import DirectCommands, check_version, redact_url
+from mcpfleet.redisconn import DirectCommands, check_version, parse_url, redact_url
 from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
@@ -298,6 +298,7 @@ class Replica:
         added to ``tasks``. Returns the client and the direct command driver."""
         config = self.config
         client = connect(redis_url, config.redis_files)
+        keys = RedisKeys(config.fleet, cluster=parse_url(redis_url).cluster)
         await check_version(client, config.redis_deadline)
         self.redis = client
         # The claim and its confirmation are on the final round's answer path:
@@ -305,7 +306,7 @@ class Replica:
         direct = DirectCommands(client)
         ledger = RedisLedger(
             direct,
-            RedisKeys(config.fleet),
+            keys,
             deadline=config.redis_deadline,
             failover_wait=config.redis_failover_wait,
             memory_limit=config.once_memory_limit,
@@ -319,7 +320,7 @@ class Replica:
         )
         self.publisher = Publisher(
             client,
-            RedisKeys(config.fleet),
+            keys,
             self.attestation,
             interval=config.heartbeat_interval,
             ttl=config.heartbeat_ttl,

@@ -59,7 +59,7 @@ from mcpfleet import tracing
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
-from mcpfleet.redisconn import check_version, follow_master, redact_url
+from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
@@ -112,7 +112,7 @@ class Router:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.keys = RedisKeys(config.fleet)
+        self.keys = RedisKeys(config.fleet, cluster=parse_url(config.redis_url).cluster)
         self.health = Health()
         self.redis = connect(
             config.redis_url,

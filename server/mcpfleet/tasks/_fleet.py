@@ -23,6 +23,7 @@ from mcpfleet.tasks._limits import (
     TaskLimiter,
     capped,
     no_limits,
+    prefix_of,
     shared_out,
 )
 from mcpfleet.tasks._queue import FleetQueue
@@ -190,7 +191,7 @@ class FleetTasks:
                 redis.pipeline(transaction=False) as pipe,
             ):
                 for kid in self.sealer.kids():
-                    pipe.zrem(task_seals_of(docket.name, kid), member)
+                    pipe.zrem(task_seals_of(prefix_of(docket), kid), member)
                 await pipe.execute()
         except Exception as exc:  # Redis down or stalled: the entry expires by its score
             log.warning("tasks: an ended task stays in the seal ledger: %s", type(exc).__name__)
