@@ -4,6 +4,7 @@ step on a request's path waits for Redis: deadlines, a full pool, a failover."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -169,9 +170,9 @@ def _async_cluster(
     ``MaxConnectionsError`` (:func:`pool_full`): redis-py's cluster pools do not wait.
     The same credentials, password file, TLS and fail-fast retry as every client.
     """
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.cluster import ClusterNode
 
-    return RedisCluster(
+    return _cluster_classes()[0](
         startup_nodes=[ClusterNode(host, port) for host, port in s.parsed.hosts],
         max_connections=pool_size,
         health_check_interval=health_check_interval,
@@ -181,16 +182,59 @@ def _async_cluster(
 
 
 def _sync_cluster(s: RedisSettings, timeout: float) -> Any:
-    """:func:`_async_cluster`'s blocking twin (the operator's handlers run in threads)."""
-    from redis.cluster import ClusterNode, RedisCluster
+    """:func:`_async_cluster`'s blocking twin (the operator's handlers run in threads).
 
-    return RedisCluster(
-        startup_nodes=[
-            ClusterNode(host, port)  # type: ignore[no-untyped-call]
-            for host, port in s.parsed.hosts
-        ],
-        **s.connection_kwargs(timeout, aio=False),
-    )
+    redis-py's blocking cluster client reads the slot map as it is made: a
+    cluster that cannot be reached is a ``ConnectionError`` here already."""
+    from redis.cluster import ClusterNode
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
+
+    try:
+        return _cluster_classes()[1](
+            startup_nodes=[
+                ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in s.parsed.hosts
+            ],
+            **s.connection_kwargs(timeout, aio=False),
+        )
+    except RedisClusterException as exc:
+        raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+
+@functools.cache
+def _cluster_classes() -> tuple[type[Any], type[Any]]:
+    """redis-py's cluster clients (asyncio, blocking), whose every failure is a
+    ``RedisError``: no node reachable, a slot no node serves (``RedisClusterException``,
+    which is not one) become a ``ConnectionError``, so every component's Redis-down
+    path (retry, degrade, fail closed) takes a cluster that is away as it takes any
+    Redis that is away."""
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+    from redis.cluster import RedisCluster
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
+
+    class FleetAsyncCluster(AsyncCluster):
+        async def initialize(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().initialize(*args, **kwargs)
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+        async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+    class FleetCluster(RedisCluster):
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+    return FleetAsyncCluster, FleetCluster
 
 
 def on_cluster(client: Any) -> bool:
