@@ -198,8 +198,12 @@ class Publisher:
         while True:
             try:
                 # Through Sentinel: write where the master is now, not where it was.
-                await redisconn.follow_master(self.client)
+                moved = await redisconn.follow_master(self.client)
                 await self.publish_once()
+                if moved and self._published and redisconn.on_cluster(self.client):
+                    # A cluster's master failed over: the routes its replica had
+                    # not yet received are gone; this replica's own come back.
+                    await self.republish_sessions(self.snapshot().name)
                 beats += 1
                 if beats % PRUNE_EVERY == 1:
                     await prune_replicas(self.client, self.keys)

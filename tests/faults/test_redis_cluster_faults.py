@@ -10,6 +10,9 @@ routers connect with ``redis+cluster://`` under their own ACL users.
   comes within the once claim's failover wait plus a deadline, a final round
   is charged or refused as retryable (fail closed), and no order is charged
   twice.
+* Replication held back on a master, sessions opened, the master killed: the
+  promoted replica lacks their routes, which the router's cache and the
+  replicas write back once their slot map shows the new master.
 * The slots of the registry and of open sessions are migrated key by key to
   another master (``CLUSTER SETSLOT ... MIGRATING/IMPORTING``, ``MIGRATE``)
   while the same traffic runs, and a router that never saw the sessions looks
@@ -223,6 +226,68 @@ async def test_slots_migrated_under_traffic_keep_every_session_and_flow(
         assert rig.node_of(key) is targets[key]
         assert key_slot(key.encode()) in _slots_of(targets[key])
     wait_for(lambda: len(lf.attestations()) == 2, timeout=10, what="both replicas attested")
+
+
+@pytest.mark.timeout(180)
+async def test_routes_a_failover_lost_are_written_back_and_served_by_a_router_that_never_saw_them(
+    setup: tuple[RedisClusterRig, RedisFleet, Path], fault_table: FaultTable
+) -> None:
+    """Replication held back on one master, sessions opened, the master killed: the
+    promoted replica lacks their routes; router 0 (its cache) and the replicas write
+    them back when their slot map shows the new master, so router 1 routes them."""
+    rig, lf, _ = setup
+    keys = lf.keys
+    victim = next(m for m in rig.masters if m is not rig.node_of(keys.replicas))
+    heir = rig.replicas[rig.masters.index(victim)]
+    victim.hold_replication()
+    wait_for(lambda: not _linked(heir), timeout=15, what="the replica to lose its link")
+    async with httpx.AsyncClient(timeout=30) as http:
+        owners: dict[str, str] = {}
+        while len(owners) < 4:
+            for session, owner in (await _open(lf.router_url(0), http, 4)).items():
+                if rig.node_of(keys.session(session)) is victim:
+                    owners[session] = owner
+        unreplicated = sum(1 for s in owners if _on_replica(heir, keys.session(s)) is None)
+        killed = time.monotonic()
+        await asyncio.to_thread(victim.kill)
+        await _until(lambda: _role(rig, heir) == "master", "the replica's promotion", 30)
+        promoted = time.monotonic() - killed
+
+        def written_back() -> bool:
+            with contextlib.closing(heir.admin()) as admin:
+                return all(admin.get(keys.session(s)) is not None for s in owners)
+
+        wait_for(written_back, timeout=15, what="the routes written back", retry_on=(Exception,))
+        back = time.monotonic() - killed
+        answers = []
+        for session, owner in owners.items():
+            resp = await http.post(
+                lf.router_url(1),
+                content='{"jsonrpc":"2.0","id":9,"method":"ping"}',
+                headers={**HEADERS, SESSION_HEADER: session},
+            )
+            answers.append((resp.status_code, resp.headers.get("x-mcpfleet-replica") == owner))
+    row = fault_table.row("Redis Cluster master SIGKILL with routes unreplicated")
+    row.attempts = len(answers)
+    row.lost = sum(1 for a in answers if a != (200, True))
+    row.worst_seconds = back
+    row.notes = f"{unreplicated} routes unreplicated; promoted {promoted:.2f}s, back {back:.2f}s"
+    print(f"write-back after a cluster failover: {row.notes}; answers {answers}")
+    assert unreplicated == len(owners)
+    assert answers == [(200, True)] * len(owners)
+
+
+def _linked(replica: RedisServer) -> bool:
+    with contextlib.closing(replica.admin()) as admin:
+        return admin.info("replication").get("master_link_status") == "up"
+
+
+def _on_replica(replica: RedisServer, key: str) -> object:
+    """``key`` as a cluster replica holds it (READONLY: a replica answers reads)."""
+    with contextlib.closing(replica.admin()) as admin, admin.pipeline(transaction=False) as pipe:
+        pipe.execute_command("READONLY")
+        pipe.get(key)
+        return pipe.execute()[1]
 
 
 def _role(rig: RedisClusterRig, node: RedisServer) -> str:

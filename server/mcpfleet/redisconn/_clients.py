@@ -331,8 +331,27 @@ async def follow_master(client: Any) -> bool:
     command goes to the new master. Asks the sentinels only (no command to
     Redis, no ACL rule); a plain client returns False at once. Raises a
     RedisError when no sentinel answers.
+
+    On a Redis Cluster: reads the slot map again (one ``CLUSTER SLOTS``) and
+    returns True when the masters it names are not those of the last call (a
+    replica was promoted, a master added or removed): the caller may then write
+    back what a failover may have lost (routes). A process that sends nothing
+    to a failed master's slots would otherwise learn of it only at its next
+    command there. Raises a RedisError when no node answers.
     """
-    pool: Any = getattr(client, "connection_pool", None)  # a cluster client has none
+    if on_cluster(client):
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import RedisClusterException
+
+        try:
+            await client.nodes_manager.initialize()
+        except RedisClusterException as exc:
+            raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+        masters = frozenset(node.name for node in client.get_primaries())
+        before = getattr(client, "mcpfleet_masters", None)
+        client.mcpfleet_masters = masters
+        return before is not None and before != masters
+    pool: Any = getattr(client, "connection_pool", None)
     if not hasattr(pool, "get_master_address"):
         return False
     before = pool.master_address

@@ -196,13 +196,14 @@ class Router:
                 await self.sessions.republish()
 
     async def _follow_master(self) -> bool:
-        """Through Sentinel: True when the master moved (the new one may lack routes)."""
+        """Through Sentinel or on a cluster: True when a master moved (the new one may
+        lack routes)."""
         try:
             moved = await follow_master(self.redis)
         except RedisDown:
             return False  # the refresh that follows tells whether Redis is down
         if moved:
-            log.warning("Redis master moved (Sentinel failover): writing back known sessions")
+            log.warning("a Redis master moved (a failover): writing back known sessions")
         return moved
 
     async def shutdown(self) -> None:
