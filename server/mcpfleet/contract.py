@@ -270,7 +270,8 @@ class RedisKeys:
                 f"~{self.prefix}:once:*",
                 f"~{self.prefix}:session:*",
             ]
-            # publish: MULTI, SET (PX GET), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
+            # publish: MULTI, SET (PX GET), SADD, EXEC (on a cluster: EVAL of SET and
+            # SADD, one slot); prune: SMEMBERS, EXISTS, SREM;
             # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET,
             # EVAL (GET, PTTL, SET, DEL), INFO; routes written back: SET NX PX.
             commands = [

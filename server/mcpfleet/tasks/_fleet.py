@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, Final, Literal, get_args
 
 from mcpfleet.contract import task_seals_of
+from mcpfleet.redisconn import on_cluster
 from mcpfleet.tasks._limits import (
     LimitedHook,
     RulesProvider,
@@ -225,14 +226,19 @@ class FleetTasks:
         """Tasks waiting for a worker, fleet-wide: queued and not yet delivered, plus
         scheduled ones that are due. None before the engine runs.
 
-        One MULTI of XLEN, XPENDING (the summary) and ZCOUNT on the queue's keys
+        One MULTI (a pipeline on a cluster) of XLEN, XPENDING (the summary) and ZCOUNT on
+        the queue's keys
         (the replica's ACL selector allows them); the caller bounds the wait.
         """
         docket = self.docket
         if docket is None:
             return None
         stream, group = docket.stream_key, docket.worker_group_name
-        async with client.pipeline(transaction=True) as pipe:
+        # On a Redis Cluster no MULTI: redis-py's asyncio cluster client runs each
+        # command queued in one on a thread it joins on the event loop (see
+        # mcpfleet.registry); the three reads then are not one snapshot.
+        transaction = not on_cluster(client)
+        async with client.pipeline(transaction=transaction) as pipe:
             pipe.xlen(stream)
             pipe.xpending(stream, group)
             pipe.zcount(docket.queue_key, 0, time.time())
