@@ -118,6 +118,10 @@ class Runtime:
                 self._redis_client = sync_client(self.redis_settings, timeout=2)
             return self._redis_client
 
+    def keys(self, fleet: str) -> RedisKeys:
+        """``fleet``'s Redis key names (hash-tagged on a Redis Cluster)."""
+        return RedisKeys(fleet, cluster=self.redis_settings.parsed.cluster)
+
     def lock(self, namespace: str, keyring: str) -> threading.Lock:
         """One decision at a time per KeyRing within this process."""
         with self._guard:
@@ -141,14 +145,14 @@ class Runtime:
 
     def attested(self, fleet: str) -> dict[str, tuple[str, ...]]:
         """The kids each replica of ``fleet`` attests, by Pod name (Redis errors propagate)."""
-        replicas = read_replicas_sync(self.redis_client, RedisKeys(fleet))
+        replicas = read_replicas_sync(self.redis_client, self.keys(fleet))
         return {n: a.kids for n, a in replicas.items()}
 
     def old_tasks(self, fleet: str, kid: str) -> int:
         """Live MCP tasks of ``fleet`` whose stored snapshot ``kid`` sealed: the members
         of the kid's seal ledger whose expiry has not passed (one ZCOUNT, bounded by the
         client's timeout; Redis errors propagate)."""
-        count = self.redis_client.zcount(RedisKeys(fleet).task_seals(kid), time.time(), "+inf")
+        count = self.redis_client.zcount(self.keys(fleet).task_seals(kid), time.time(), "+inf")
         return int(count)
 
     def refresh_volumes(

@@ -90,9 +90,20 @@ class RedisKeys:
     Several fleets (say, two Helm releases) may share one Redis: each key
     carries the fleet name. Keys hold routing facts, key ids and once-flows' results,
     never keys or credentials.
+
+    On a Redis Cluster (``cluster``, from a ``redis+cluster://`` URL) some names
+    carry a hash tag, so that every multi-key operation stays in one hash slot
+    while the data spreads over the shards: a session's keys are tagged by the
+    session (``mcpfleet:<fleet>:session:{<id>}[:init|:lost|:moving]``), a
+    once-flow's by the flow, the registry set and the attestations by the fleet
+    (``mcpfleet:{<fleet>}:replicas``, ``mcpfleet:{<fleet>}:replica:<name>``: one
+    slot), the task queue's keys by the queue (``{mcpfleet:<fleet>:tasks}:...``,
+    the queue's library's own tag). Without ``cluster`` every name is as it
+    always was, so a standalone or Sentinel fleet keeps its routes across an upgrade.
     """
 
     fleet: str = DEFAULT_FLEET
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         check_fleet_name(self.fleet)
@@ -102,32 +113,46 @@ class RedisKeys:
         return f"mcpfleet:{self.fleet}"
 
     @property
+    def _fleet_slot(self) -> str:
+        """The prefix of the registry's keys: one hash slot for them all on a cluster."""
+        return f"mcpfleet:{{{self.fleet}}}" if self.cluster else self.prefix
+
+    def _tag(self, part: str) -> str:
+        """``{part}`` on a cluster: a hash tag, the same for every key built around
+        ``part``. Redis hashes the text from the first ``{`` to the next ``}``; an id
+        starting with ``}`` (never one mcpfleet makes) would give an empty tag, which
+        Redis ignores, so it is tagged ``{%}...}``: all such ids share one slot."""
+        if not self.cluster:
+            return part
+        return f"{{%{part}}}" if part.startswith("}") else f"{{{part}}}"
+
+    @property
     def replicas(self) -> str:
         """A set of the names of replicas that have ever registered (pruned lazily)."""
-        return f"{self.prefix}:replicas"
+        return f"{self._fleet_slot}:replicas"
 
     def replica(self, name: str) -> str:
         """The attestation record of one replica (JSON), expiring with its heartbeat."""
-        return f"{self.prefix}:replica:{name}"
+        return f"{self._fleet_slot}:replica:{name}"
 
     def session(self, session_id: str) -> str:
         """The route of one handshake-era session: its owner (replica name), or,
         for a re-homed session, the owner and the owner's session id, space-separated."""
-        return f"{self.prefix}:session:{session_id}"
+        return f"{self.prefix}:session:{self._tag(session_id)}"
 
     def session_init(self, session_id: str) -> str:
         """What re-opens one session elsewhere (router ``--rehome-sessions``): the
         client's ``initialize`` parameters and its owner's principal digest (JSON)."""
-        return f"{self.prefix}:session:{session_id}:init"
+        return f"{self.session(session_id)}:init"
 
     def session_lost(self, session_id: str) -> str:
         """Set (to a reason) when a session's owner went with work of the session in
         flight: the session is never re-homed, its next request gets the 404."""
-        return f"{self.prefix}:session:{session_id}:lost"
+        return f"{self.session(session_id)}:lost"
 
     def session_moving(self, session_id: str) -> str:
         """Held (SET NX PX) by the one router re-homing a session right now."""
-        return f"{self.prefix}:session:{session_id}:moving"
+        return f"{self.session(session_id)}:moving"
 
     def limit(self, name: str, principal: str) -> str:
         """One principal's count under the limit ``name`` (:mod:`mcpfleet.limits`): a
@@ -141,7 +166,7 @@ class RedisKeys:
         Holds the flow's state and its final result, never answers or keys, and
         expires with the claim (at least the token TTL).
         """
-        return f"{self.prefix}:once:{flow}"
+        return f"{self.prefix}:once:{self._tag(flow)}"
 
     @property
     def tasks(self) -> str:
@@ -176,7 +201,13 @@ class RedisKeys:
         retires that key. Under :attr:`tasks`, so the replica's queue selector
         covers it.
         """
-        return task_seals_of(self.tasks, kid)
+        return task_seals_of(self.tasks_prefix, kid)
+
+    @property
+    def tasks_prefix(self) -> str:
+        """What every key and channel of the task queue starts with (before ``:``): the
+        queue's name, in braces on a cluster (the queue's library tags it so)."""
+        return self._tag(self.tasks)
 
     def acl_rules(self, component: RedisComponent) -> list[str]:
         """The Redis ACL rules ``component`` needs in this fleet, and nothing more.
@@ -219,10 +250,19 @@ class RedisKeys:
           (:meth:`task_seals`), read only, counted with ZCOUNT.
 
         PING is the client's health check; SELECT lets a URL name a database.
-        AUTH and HELLO need no rule.
+        AUTH and HELLO need no rule. On a Redis Cluster (``cluster``) every
+        component also reads the slot map and the commands' key positions
+        (CLUSTER SLOTS, COMMAND) and follows ASK redirections (ASKING); its key
+        patterns are those of the tagged names (a session's ``{id}`` still
+        matches ``session:*``).
         """
-        records, registry = f"{self.prefix}:replica:*", self.replicas
+        records, registry = f"{self._fleet_slot}:replica:*", self.replicas
         base = ["resetkeys", "resetchannels", "-@all", "+ping", "+select"]
+        if self.cluster:
+            # A cluster client asks a node for the slot map (CLUSTER SLOTS) and
+            # the commands' key positions (COMMAND, COMMAND GETKEYS), and sends
+            # ASKING before a command redirected to a slot being imported.
+            base += ["+cluster|slots", "+command", "+asking"]
         if component == "replica":
             keys = [
                 f"~{registry}",
@@ -230,7 +270,8 @@ class RedisKeys:
                 f"~{self.prefix}:once:*",
                 f"~{self.prefix}:session:*",
             ]
-            # publish: MULTI, SET (PX GET), SADD, EXEC; prune: SMEMBERS, EXISTS, SREM;
+            # publish: MULTI, SET (PX GET), SADD, EXEC (on a cluster: EVAL of SET and
+            # SADD, one slot); prune: SMEMBERS, EXISTS, SREM;
             # withdraw at exit: DEL, SREM; once-ledger: SET (NX GET PX / XX PX), GET,
             # EVAL (GET, PTTL, SET, DEL), INFO; routes written back: SET NX PX.
             commands = [
@@ -255,7 +296,8 @@ class RedisKeys:
             # reach its keys and channels only, never the routes or the ledger.
             # PSUBSCRIBE needs its pattern allowed as written: the workers'
             # cancellation pattern is named too.
-            selector = [f"(~{self.tasks}:*", f"&{self.tasks}:*", f"&{self.tasks}:cancel:*"]
+            queue = self.tasks_prefix
+            selector = [f"(~{queue}:*", f"&{queue}:*", f"&{queue}:cancel:*"]
             selector += [f"+{c}" for c in TASK_QUEUE_COMMANDS]
             selector[-1] += ")"
             # The fleet's events: publish and read the one channel, nothing else.

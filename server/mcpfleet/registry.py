@@ -109,6 +109,14 @@ async def prune_replicas(client: aioredis.Redis, keys: RedisKeys) -> list[str]:
     return dead
 
 
+#: The heartbeat on a Redis Cluster: the record written (its old value returned) and
+#: the name added to the registry set, atomically, as the MULTI does elsewhere.
+_PUBLISH = """
+local before = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'GET')
+redis.call('SADD', KEYS[2], ARGV[3])
+return before
+"""
+
 #: A publisher prunes the replica set once per this many heartbeats.
 PRUNE_EVERY = 10
 
@@ -149,12 +157,20 @@ class Publisher:
         too, and a router that never cached one would end the session.
         """
         record = self.snapshot()
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(
-            self.keys.replica(record.name), record.to_json(), px=int(self.ttl * 1000), get=True
-        )
-        pipe.sadd(self.keys.replicas, record.name)
-        before, _ = await pipe.execute()
+        key, ttl = self.keys.replica(record.name), int(self.ttl * 1000)
+        if redisconn.on_cluster(self.client):
+            # One script on the registry's slot: redis-py's asyncio cluster client
+            # runs each command queued in a MULTI on a thread of its own and joins it
+            # on the event loop, which hangs the process when that command must
+            # first read the slot map again (after a node failed).
+            before = await self.client.eval(
+                _PUBLISH, 2, key, self.keys.replicas, record.to_json(), ttl, record.name
+            )
+        else:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.set(key, record.to_json(), px=ttl, get=True)
+            pipe.sadd(self.keys.replicas, record.name)
+            before, _ = await pipe.execute()
         if before is None and self._published:
             await self.republish_sessions(record.name)
         self._published = True
@@ -198,8 +214,12 @@ class Publisher:
         while True:
             try:
                 # Through Sentinel: write where the master is now, not where it was.
-                await redisconn.follow_master(self.client)
+                moved = await redisconn.follow_master(self.client)
                 await self.publish_once()
+                if moved and self._published and redisconn.on_cluster(self.client):
+                    # A cluster's master failed over: the routes its replica had
+                    # not yet received are gone; this replica's own come back.
+                    await self.republish_sessions(self.snapshot().name)
                 beats += 1
                 if beats % PRUNE_EVERY == 1:
                     await prune_replicas(self.client, self.keys)

@@ -747,6 +747,8 @@ def test_a_bad_password_in_the_existing_secret_stops_redis_naming_the_user(
         ("rediss://u@redis.example.internal:6380/0", [6380]),
         ("redis+sentinel://s0:26379,s1:26380,s2/mymaster/0", [26379, 26380, 6379]),
         ("rediss+sentinel://u@s0,s1/mymaster", [26379, 6379]),
+        ("redis+cluster://n0:7000,n1:7001,n2", [7000, 7001, 6379]),
+        ("rediss+cluster://u@n0.cache.example,n1.cache.example", [6379]),
         ("unix:///run/redis/redis.sock", []),
     ],
 )
@@ -797,6 +799,15 @@ def test_each_component_logs_in_to_an_external_redis_as_its_own_user(
         assert volume["secret"]["items"] == [{"key": "password", "path": "password"}]
     egress = _by(docs, "NetworkPolicy", "-router")["spec"]["egress"]
     assert [p["port"] for r in egress if "to" not in r for p in r["ports"]] == [26379, 6379]
+
+
+def test_every_component_gets_a_redis_cluster_url_as_given(helm: Helm, tmp_path: Path) -> None:
+    url = "rediss+cluster://n0.cache.example:6379,n1.cache.example:6379"
+    values = {"redis": {"enabled": False, "external": {"url": url}}}
+    docs = chartkit.objects(_render(helm, values, tmp_path))
+    for suffix in ("-server", "-router", "-operator"):
+        args = _by(docs, "Deployment", suffix)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--redis={url}" in args, (suffix, args)
 
 
 # --------------------------------------------------------------------------- two releases

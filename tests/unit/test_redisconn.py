@@ -289,15 +289,19 @@ def test_the_operator_refuses_a_password_in_its_environment(tmp_path: Path) -> N
 
 
 def test_the_redis_doc_shows_exactly_the_acl_rules_of_the_contract() -> None:
+    """One block of ACL lines for one Redis (or Sentinel), one for a Redis Cluster."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "redis.md").read_text()
-    lines = [ln for ln in doc.splitlines() if ln.startswith("user mcpfleet-")]
-    shown = {}
-    for line in lines:
-        user, on, password, *rules = line.split()[1:]
-        assert (on, password) == ("on", "#<sha256")
-        assert rules[:3] == ["of", "its", "password>"]
-        shown[user.removeprefix("mcpfleet-")] = rules[3:]
-    assert shown == {c: RedisKeys("default").acl_rules(c) for c in REDIS_COMPONENTS}
+    blocks = [b for b in doc.split("```")[1::2] if "user mcpfleet-" in b]
+    assert len(blocks) == 2
+    for block, cluster in zip(blocks, (False, True), strict=True):
+        shown = {}
+        for line in (ln for ln in block.splitlines() if ln.startswith("user mcpfleet-")):
+            user, on, password, *rules = line.split()[1:]
+            assert (on, password) == ("on", "#<sha256")
+            assert rules[:3] == ["of", "its", "password>"]
+            shown[user.removeprefix("mcpfleet-")] = rules[3:]
+        keys = RedisKeys("default", cluster=cluster)
+        assert shown == {c: keys.acl_rules(c) for c in REDIS_COMPONENTS}
 
 
 def test_sentinel_clients_reach_the_sentinels_over_tls_without_the_masters_credentials(

@@ -180,7 +180,9 @@ files mounted by "mcpfleet.redisVolumeMounts". Nothing secret is an argument.
 The TCP ports of an external Redis, as a JSON list: redis.external.ports, or
 from the URL: its port (6379 without one); for a Sentinel URL every
 sentinel's port (26379 without one) and 6379, where the master and replicas
-the sentinels name listen. A unix:// socket needs none.
+the sentinels name listen; for a Redis Cluster URL every seed node's port
+(6379 without one) and 6379, where the nodes the slot map names usually
+listen (other ports: redis.external.ports). A unix:// socket needs none.
 */}}
 {{- define "mcpfleet.redis.externalPorts" -}}
 {{- $ext := .Values.redis.external -}}
@@ -194,7 +196,7 @@ the sentinels name listen. A unix:// socket needs none.
 {{- $port := regexFind ":[0-9]+$" . | trimPrefix ":" -}}
 {{- $ports = append $ports ($port | default (ternary "26379" "6379" $sentinel) | int) -}}
 {{- end -}}
-{{- if $sentinel -}}
+{{- if or $sentinel (regexMatch "^[a-z]+\\+cluster://" $ext.url) -}}
 {{- $ports = append $ports 6379 -}}
 {{- end -}}
 {{- end -}}

@@ -519,6 +519,9 @@ def main() -> None:
         from benchkit.oncebench import once_rows
 
         rows += once_rows(args.quick)
+        from benchkit.clusterbench import cluster_rows  # once and sticky on a Redis Cluster
+
+        rows += cluster_rows(args.quick)
     if not args.scale_only:
         from benchkit.taskbench import task_rows  # MCP tasks: in .venv-tasks, or why not
 

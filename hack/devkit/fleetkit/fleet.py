@@ -212,7 +212,7 @@ def diagnostics(fleet: LocalFleet) -> str:
             if admin is not None
             else redis.Redis(host="127.0.0.1", port=fleet.redis_port, socket_timeout=1)
         )
-        keys = RedisKeys(fleet.fleet)
+        keys = getattr(fleet, "keys", None) or RedisKeys(fleet.fleet)
         names = sorted(k.decode() for k in client.scan_iter(f"{keys.prefix}:*", count=1000))
         out.append(f"--- redis keys ({len(names)}) ---")
         for name in names[:200]:

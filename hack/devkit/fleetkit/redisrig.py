@@ -33,6 +33,7 @@ from fleetkit.fleet import FleetOptions, ProcessFleet
 from mcpfleet.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
 from mcpfleet.dev.fleet import FleetError, Proc, free_port
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.redisconn import parse_url
 from mcpfleet.registry import read_replicas_sync
 
 #: What a server or sentinel not yet (or no longer) answering raises: "not yet".
@@ -110,6 +111,8 @@ class RedisServer:
     tls_auth_clients: bool = True
     replica_of: RedisServer | None = None
     port: int = 0
+    #: A node of a Redis Cluster (:mod:`fleetkit.clusterrig`): its cluster bus port.
+    cluster_bus: int = 0
     admin_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     repl_password: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     proc: Proc | None = None
@@ -150,6 +153,18 @@ class RedisServer:
             ]
         else:
             lines.append(f"port {self.port}")
+        if self.cluster_bus:
+            lines += [
+                "cluster-enabled yes",
+                f"cluster-config-file {self.dir / 'nodes.conf'}",
+                f"cluster-port {self.cluster_bus}",
+                # A master unanswered this long is failed over to its replica.
+                "cluster-node-timeout 1000",
+                "cluster-replica-validity-factor 0",
+                # What it authenticates as, should it become a replica.
+                f"masteruser {REPLICATION}",
+                f"masterauth {self.repl_password}",
+            ]
         if self.replica_of is not None:
             lines += [
                 f"replicaof 127.0.0.1 {self.replica_of.port}",
@@ -217,9 +232,12 @@ def component_user(
     fleet: str,
     component: RedisComponent,
     workdir: Path,
+    *,
+    cluster: bool = False,
 ) -> tuple[str, Path]:
     """Create ``component``'s ACL user for ``fleet`` on ``server`` (each of them); return the
-    user name and its password file. The rules are exactly the contract's."""
+    user name and its password file. The rules are exactly the contract's (for a Redis
+    Cluster's key names, if ``cluster``)."""
     user = f"mcpfleet-{fleet}-{component}"
     password = secrets.token_hex(16)
     servers = [server] if isinstance(server, RedisServer) else list(server)
@@ -232,7 +250,7 @@ def component_user(
                 "reset",
                 "on",
                 f">{password}",
-                *RedisKeys(fleet).acl_rules(component),
+                *RedisKeys(fleet, cluster=cluster).acl_rules(component),
             )
     return user, secret_file(workdir / "secrets" / f"{user}.password", password)
 
@@ -301,7 +319,12 @@ class RedisFleet(ProcessFleet):
 
     def attestations(self) -> dict[str, Attestation]:
         with contextlib.closing(self.redis_admin()) as client:
-            return read_replicas_sync(client, RedisKeys(self.fleet))
+            return read_replicas_sync(client, self.keys)
+
+    @property
+    def keys(self) -> RedisKeys:
+        """The fleet's key names (hash-tagged when ``base_url`` is a cluster's)."""
+        return RedisKeys(self.fleet, cluster=parse_url(self.base_url).cluster)
 
 
 def redis_fleet(
@@ -320,7 +343,11 @@ def redis_fleet(
     ``kind``: a subclass of :class:`RedisFleet` to build instead (another
     backend's fleet on such a Redis), given ``fields`` besides.
     """
-    users = {c: component_user(servers, options.fleet, c, workdir) for c in REDIS_COMPONENTS}
+    cluster = parse_url(base_url).cluster
+    users = {
+        c: component_user(servers, options.fleet, c, workdir, cluster=cluster)
+        for c in REDIS_COMPONENTS
+    }
     lf = kind(
         workdir,
         **options.fleet_fields(),

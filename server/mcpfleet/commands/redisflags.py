@@ -28,7 +28,8 @@ def add_flags(
         required=required,
         default=default,
         help=f"{url_help}: redis://[user@]host:port/db, rediss://, unix:///path, "
-        "redis+sentinel://host:port[,host:port]/master[/db], or @FILE holding the URL"
+        "redis+sentinel://host:port[,host:port]/master[/db], "
+        "redis+cluster://host:port[,host:port], or @FILE holding the URL"
         f"{env_note}; no password here: use {PASSWORD_FILE_FLAG}",
     )
     parser.add_argument(

@@ -370,9 +370,10 @@ class LocalFleet:
     # --- what it reports ----------------------------------------------------------------
 
     def attestations(self) -> dict[str, Attestation]:
-        client = redisconn.sync_client(redisconn.settings(self.redis_url), timeout=2)
+        settings = redisconn.settings(self.redis_url)
+        client = redisconn.sync_client(settings, timeout=2)
         try:
-            return read_replicas_sync(client, RedisKeys(self.fleet))
+            return read_replicas_sync(client, RedisKeys(self.fleet, settings.parsed.cluster))
         finally:
             client.close()
 

@@ -200,9 +200,13 @@ class FleetBus:
             client = self._redis
             if client is None:
                 return
-            pubsub = client.pubsub()
+            pubsub = None
             try:
                 async with asyncio.timeout(self.deadline):
+                    # A Redis Cluster's client learns the slot map before its pub/sub
+                    # can pick a node (a plain client's initialize does nothing here).
+                    await client.initialize()
+                    pubsub = client.pubsub()
                     await pubsub.subscribe(self.channel)
                 self.reading.set()
                 await self._read(pubsub)
@@ -212,7 +216,8 @@ class FleetBus:
                 log.warning("notify: reading the fleet's events failed (%s)", type(exc).__name__)
             finally:
                 self.reading.clear()
-                await _close(pubsub)
+                if pubsub is not None:
+                    await _close(pubsub)
             await asyncio.sleep(RETRY_WAIT)
 
     async def _read(self, pubsub: Any) -> None:

@@ -5,7 +5,9 @@ their clients here, nowhere else:
 
 * a URL: ``redis://``, ``rediss://`` (TLS), ``unix://`` or
   ``redis+sentinel://[[user]:password@]host:port[,host:port...]/<master>[/<db>]``
-  (``rediss+sentinel://`` for Sentinel with TLS); a user name may be in it
+  (``rediss+sentinel://`` for Sentinel with TLS),
+  ``redis+cluster://[[user]:password@]host:port[,host:port...]`` (``rediss+cluster://``:
+  a Redis Cluster, the hosts its seed nodes; :func:`on_cluster`); a user name may be in it
   (``redis://replica@redis:6379/0``: an ACL user);
 * the password from a file (``--redis-password-file``), re-read at every new
   connection, so a rotated Secret needs no restart;
@@ -61,6 +63,8 @@ from mcpfleet.redisconn._clients import (
     check_version,
     describe,
     follow_master,
+    mget_by_slot,
+    on_cluster,
     pool_full,
     queue_target,
     ride_through,
@@ -121,6 +125,8 @@ __all__: Sequence[str] = (
     "fail_fast_retry",
     "follow_master",
     "from_options",
+    "mget_by_slot",
+    "on_cluster",
     "parse_url",
     "pool_full",
     "queue_target",

@@ -4,10 +4,11 @@ step on a request's path waits for Redis: deadlines, a full pool, a failover."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from mcpfleet.redisconn._settings import FilePassword, RedisSettings
 from mcpfleet.redisconn._urls import RedisConfigError
@@ -46,7 +47,8 @@ def queue_target(s: RedisSettings) -> tuple[str, Any]:
     the form the queue's library resolves through the sentinels as the fleet
     does): the credentials are the master's, the sentinels are asked without
     any, over TLS when the scheme is ``rediss+sentinel`` (the TLS files then
-    apply to both, as for the fleet's own clients).
+    apply to both, as for the fleet's own clients). A cluster URL becomes
+    ``redis+cluster://<first host>:<port>``: the library's form (one seed node).
     """
     from urllib.parse import quote, urlencode
 
@@ -55,10 +57,11 @@ def queue_target(s: RedisSettings) -> tuple[str, Any]:
     p = s.parsed
     if not p.hosts:
         raise RedisConfigError(
-            "MCP tasks need a Redis reached over TCP (redis://, rediss:// or "
-            f"redis+sentinel://), got {s.redacted!r}"
+            "MCP tasks need a Redis reached over TCP (redis://, rediss://, "
+            f"redis+sentinel:// or redis+cluster://), got {s.redacted!r}"
         )
-    scheme = ("rediss" if p.tls else "redis") + ("+sentinel" if p.sentinel else "")
+    kind = "+sentinel" if p.sentinel else "+cluster" if p.cluster else ""
+    scheme = ("rediss" if p.tls else "redis") + kind
     query: dict[str, str] = {}
     if p.tls:
         f = s.files
@@ -78,8 +81,14 @@ def queue_target(s: RedisSettings) -> tuple[str, Any]:
     # With a provider, the user name travels in it too (not both, says redis-py).
     user = f"{quote(p.username, safe='')}@" if p.username and provider is None else ""
     hosts = ",".join(f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h, port in p.hosts)
-    where = f"{hosts}/{p.master}" if p.sentinel else hosts
-    url = f"{scheme}://{user}{where}/{p.db}"
+    if p.cluster:
+        # The queue's library reads one host from a cluster URL, a seed: it asks
+        # that node for the others, and its keys share one hash tag (the name).
+        host, port = p.hosts[0]
+        url = f"{scheme}://{user}{f'[{host}]' if ':' in host else host}:{port}"
+    else:
+        where = f"{hosts}/{p.master}" if p.sentinel else hosts
+        url = f"{scheme}://{user}{where}/{p.db}"
     if query:
         url += "?" + urlencode(query)
     return url, provider
@@ -117,6 +126,8 @@ def async_client(
     import redis.asyncio as aioredis
     import redis.asyncio.sentinel as aiosentinel
 
+    if s.parsed.cluster:
+        return cast("aioredis.Redis", _async_cluster(s, timeout, health_check_interval, pool_size))
     extra: dict[str, Any] = {
         "health_check_interval": health_check_interval,
         "max_connections": pool_size,
@@ -147,6 +158,123 @@ def async_client(
     return aioredis.Redis.from_pool(pool)
 
 
+def _async_cluster(
+    s: RedisSettings, timeout: float, health_check_interval: float, pool_size: int
+) -> Any:
+    """A Redis Cluster client: the URL's hosts are seeds, the slot map is asked of them.
+
+    redis-py follows MOVED (it updates its slot map) and ASK (one ASKING command)
+    itself, at most 16 redirections per command; a node that does not answer makes
+    it read the slot map again at the next command. A node's pool holds at most
+    ``pool_size`` connections and a command past them fails at once with
+    ``MaxConnectionsError`` (:func:`pool_full`): redis-py's cluster pools do not wait.
+    The same credentials, password file, TLS and fail-fast retry as every client.
+    """
+    from redis.asyncio.cluster import ClusterNode
+
+    return _cluster_classes()[0](
+        startup_nodes=[ClusterNode(host, port) for host, port in s.parsed.hosts],
+        max_connections=pool_size,
+        health_check_interval=health_check_interval,
+        decode_responses=False,
+        **s.connection_kwargs(timeout),
+    )
+
+
+def _sync_cluster(s: RedisSettings, timeout: float) -> Any:
+    """:func:`_async_cluster`'s blocking twin (the operator's handlers run in threads).
+
+    redis-py's blocking cluster client reads the slot map as it is made: a
+    cluster that cannot be reached is a ``ConnectionError`` here already."""
+    from redis.cluster import ClusterNode
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
+
+    try:
+        return _cluster_classes()[1](
+            startup_nodes=[
+                ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in s.parsed.hosts
+            ],
+            **s.connection_kwargs(timeout, aio=False),
+        )
+    except RedisClusterException as exc:
+        raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+
+@functools.cache
+def _cluster_classes() -> tuple[type[Any], type[Any]]:
+    """redis-py's cluster clients (asyncio, blocking), whose every failure is a
+    ``RedisError``: no node reachable, a slot no node serves (``RedisClusterException``,
+    which is not one) become a ``ConnectionError``, so every component's Redis-down
+    path (retry, degrade, fail closed) takes a cluster that is away as it takes any
+    Redis that is away."""
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+    from redis.cluster import RedisCluster
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
+
+    class FleetAsyncCluster(AsyncCluster):
+        async def initialize(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().initialize(*args, **kwargs)
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+        async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+    class FleetCluster(RedisCluster):
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+
+    return FleetAsyncCluster, FleetCluster
+
+
+def on_cluster(client: Any) -> bool:
+    """Whether ``client`` speaks to a Redis Cluster (a ``RedisCluster``, or a driver
+    over one that says so with a true ``cluster`` attribute)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, AsyncCluster | RedisCluster):
+        return True
+    return getattr(client, "cluster", False) is True
+
+
+async def mget_by_slot(client: Any, keys: Sequence[str]) -> list[Any]:
+    """``MGET keys``; on a Redis Cluster one ``MGET`` per hash slot, all in one pipeline.
+
+    The cluster client's pipeline sends each node its slots' commands in one
+    write and reads them back together: a batch of lookups costs one round trip
+    per node whatever the slots, and a command redirected (MOVED, ASK: a slot
+    being migrated) is sent again to the node that holds it now. The values
+    come back in the order of ``keys``.
+    """
+    if not on_cluster(client):
+        return list(await client.mget(keys))
+    from redis.crc import key_slot
+
+    by_slot: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_slot.setdefault(key_slot(key.encode()), []).append(i)
+    values: list[Any] = [None] * len(keys)
+    async with client.pipeline(transaction=False) as pipe:
+        for places in by_slot.values():
+            pipe.execute_command("MGET", *(keys[i] for i in places))
+        replies = await pipe.execute()
+    for places, reply in zip(by_slot.values(), replies, strict=True):
+        for i, value in zip(places, reply, strict=True):
+            values[i] = value
+    return values
+
+
 def _blocking_sentinel_pool() -> Any:
     from redis.asyncio import BlockingConnectionPool
     from redis.asyncio.sentinel import SentinelConnectionPool
@@ -161,7 +289,10 @@ def pool_full(exc: BaseException) -> bool:
     """True if ``exc`` is a command that waited its pool wait for a connection:
     the client is busy, not Redis down."""
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import MaxConnectionsError
 
+    if isinstance(exc, MaxConnectionsError):
+        return True  # a cluster node's pool: full at once, never waited on
     return (
         isinstance(exc, RedisConnectionError)
         and isinstance(exc.__cause__, TimeoutError)
@@ -174,6 +305,8 @@ def sync_client(s: RedisSettings, *, timeout: float) -> redis.Redis:
     import redis
     import redis.sentinel
 
+    if s.parsed.cluster:
+        return cast("redis.Redis", _sync_cluster(s, timeout))
     if s.parsed.sentinel:
         conn = s.connection_kwargs(timeout, aio=False)
         sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
@@ -198,8 +331,27 @@ async def follow_master(client: Any) -> bool:
     command goes to the new master. Asks the sentinels only (no command to
     Redis, no ACL rule); a plain client returns False at once. Raises a
     RedisError when no sentinel answers.
+
+    On a Redis Cluster: reads the slot map again (one ``CLUSTER SLOTS``) and
+    returns True when the masters it names are not those of the last call (a
+    replica was promoted, a master added or removed): the caller may then write
+    back what a failover may have lost (routes). A process that sends nothing
+    to a failed master's slots would otherwise learn of it only at its next
+    command there. Raises a RedisError when no node answers.
     """
-    pool = client.connection_pool
+    if on_cluster(client):
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import RedisClusterException
+
+        try:
+            await client.nodes_manager.initialize()
+        except RedisClusterException as exc:
+            raise RedisConnectionError(f"Redis Cluster: {exc}") from exc
+        masters = frozenset(node.name for node in client.get_primaries())
+        before = getattr(client, "mcpfleet_masters", None)
+        client.mcpfleet_masters = masters
+        return before is not None and before != masters
+    pool: Any = getattr(client, "connection_pool", None)
     if not hasattr(pool, "get_master_address"):
         return False
     before = pool.master_address
@@ -243,7 +395,8 @@ async def ride_through(
     0.5 s, on a loaded machine) is asked again at once while ``deadline``
     lasts, counted from the first try; a Redis that refuses or does not answer
     at all fails within ``deadline``: it is gone, and waiting for it helps
-    nobody. Through Sentinel, a connection error or a timeout may be a
+    nobody. Through Sentinel or on a Redis Cluster (a master lost, its replica
+    not yet promoted), a connection error or a timeout may be a
     failover in progress: the step is tried again, every
     :data:`FAILOVER_PAUSE` seconds, until it succeeds or ``failover_wait``
     seconds have passed since the first try, then the last error is raised.
@@ -256,7 +409,7 @@ async def ride_through(
     from redis.exceptions import TimeoutError as RedisTimeout
 
     first = time.monotonic()
-    if not through_sentinel(client):
+    if not (through_sentinel(client) or on_cluster(client)):
         while True:
             left = first + deadline - time.monotonic()
             try:

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mcpfleet.redisconn._clients import POOL_SIZE, POOL_WAIT
+from mcpfleet.redisconn._clients import POOL_SIZE, POOL_WAIT, on_cluster
 
 log = logging.getLogger("mcpfleet.redis")
 
@@ -162,18 +162,23 @@ class DirectCommands:
 
     def __init__(self, client: Any, *, size: int = POOL_SIZE, wait: float = POOL_WAIT) -> None:
         self.client = client
-        self.connection_pool = client.connection_pool
+        #: Whether ``client`` is a Redis Cluster's (:func:`on_cluster`): its commands
+        #: then go through the client, which finds each key's node and follows
+        #: MOVED and ASK.
+        self.cluster = on_cluster(client)
+        self.connection_pool: Any = None if self.cluster else client.connection_pool
         self.size = size
         self.wait = wait
-        self._read_timeout: float | None = self.connection_pool.connection_kwargs.get(
-            "socket_timeout"
+        self._read_timeout: float | None = (
+            None if self.cluster else client.connection_pool.connection_kwargs.get("socket_timeout")
         )
         self._idle: list[Any] = []
         self._made = 0
         self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
-        problem = direct_driver_problem()
-        #: Whether the commands go through ``client``'s pool (an untested redis-py).
-        self.pooled = problem is not None
+        problem = None if self.cluster else direct_driver_problem()
+        #: Whether the commands go through ``client``'s pool (an untested redis-py,
+        #: or a cluster).
+        self.pooled = self.cluster or problem is not None
         if problem is not None:
             log.warning("%s: the once ledger's commands go through the client's pool", problem)
 

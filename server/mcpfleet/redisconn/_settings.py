@@ -173,7 +173,7 @@ def settings(
     if files.any_tls and not parsed.tls:
         raise RedisConfigError(
             f"TLS files given but the {flag} URL is not TLS: use rediss:// "
-            f"(or rediss+sentinel://), got {redact_url(url)!r}"
+            f"(or rediss+sentinel://, rediss+cluster://), got {redact_url(url)!r}"
         )
     if (files.cert_file is None) != (files.key_file is None):
         raise RedisConfigError("--redis-cert-file and --redis-key-file go together")

@@ -6,7 +6,15 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 #: Every scheme a Redis URL may have.
-SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+)
 DEFAULT_PORT = 6379
 DEFAULT_SENTINEL_PORT = 26379
 
@@ -34,6 +42,11 @@ class RedisURL:
     @property
     def sentinel(self) -> bool:
         return self.scheme.endswith("+sentinel")
+
+    @property
+    def cluster(self) -> bool:
+        """A Redis Cluster: ``hosts`` are seed nodes, the client finds the others."""
+        return self.scheme.endswith("+cluster")
 
 
 def redact_url(url: str) -> str:
@@ -108,7 +121,8 @@ def parse_url(url: str) -> RedisURL:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         raise RedisConfigError(
-            "a Redis URL starts with redis://, rediss://, unix:// or redis+sentinel://, "
+            "a Redis URL starts with redis://, rediss://, unix://, redis+sentinel:// "
+            "or redis+cluster://, "
             f"got {redact_url(url)!r}"
         )
     scheme = scheme.lower()
@@ -142,8 +156,12 @@ def parse_url(url: str) -> RedisURL:
             username=user,
             password=password,
         )
+    if scheme.endswith("+cluster"):
+        return _parse_cluster(scheme, hosts_text, parts, user, password, url)
     if "," in hosts_text:
-        raise RedisConfigError(f"several hosts need redis+sentinel://, got {redact_url(url)!r}")
+        raise RedisConfigError(
+            f"several hosts need redis+sentinel:// or redis+cluster://, got {redact_url(url)!r}"
+        )
     if len(parts) > 1:
         raise RedisConfigError(f"too many path parts in {redact_url(url)}")
     host = _host_port(hosts_text, DEFAULT_PORT, url)
@@ -154,3 +172,25 @@ def parse_url(url: str) -> RedisURL:
         username=user,
         password=password,
     )
+
+
+def _parse_cluster(
+    scheme: str,
+    hosts_text: str,
+    parts: list[str],
+    user: str | None,
+    password: str | None,
+    url: str,
+) -> RedisURL:
+    """``redis+cluster://[[user]:password@]host:port[,host:port...][/0]``: seed nodes.
+
+    A Redis Cluster has one database only: a path other than ``/0`` is refused.
+    """
+    hosts = tuple(_host_port(h, DEFAULT_PORT, url) for h in hosts_text.split(",") if h)
+    if not hosts:
+        raise RedisConfigError(f"no cluster node in {redact_url(url)}")
+    if len(parts) > 1 or (parts and _db(parts[0], url) != 0):
+        raise RedisConfigError(
+            f"a Redis Cluster has database 0 only: drop the path of {redact_url(url)!r}"
+        )
+    return RedisURL(scheme, hosts=hosts, username=user, password=password)

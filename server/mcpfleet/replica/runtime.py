@@ -56,7 +56,7 @@ from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
 from mcpfleet.notify import install_notifications
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
-from mcpfleet.redisconn import DirectCommands, check_version, redact_url
+from mcpfleet.redisconn import DirectCommands, check_version, parse_url, redact_url
 from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
@@ -300,6 +300,7 @@ class Replica:
         added to ``tasks``. Returns the client and the direct command driver."""
         config = self.config
         client = connect(redis_url, config.redis_files)
+        keys = RedisKeys(config.fleet, cluster=parse_url(redis_url).cluster)
         await check_version(client, config.redis_deadline)
         self.redis = client
         # The claim and its confirmation are on the final round's answer path:
@@ -307,7 +308,7 @@ class Replica:
         direct = DirectCommands(client)
         ledger = RedisLedger(
             direct,
-            RedisKeys(config.fleet),
+            keys,
             deadline=config.redis_deadline,
             failover_wait=config.redis_failover_wait,
             memory_limit=config.once_memory_limit,
@@ -321,7 +322,7 @@ class Replica:
         )
         self.publisher = Publisher(
             client,
-            RedisKeys(config.fleet),
+            keys,
             self.attestation,
             interval=config.heartbeat_interval,
             ttl=config.heartbeat_ttl,

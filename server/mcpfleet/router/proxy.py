@@ -59,7 +59,7 @@ from mcpfleet import tracing
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
-from mcpfleet.redisconn import check_version, follow_master, redact_url
+from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
@@ -113,7 +113,7 @@ class Router:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.keys = RedisKeys(config.fleet)
+        self.keys = RedisKeys(config.fleet, cluster=parse_url(config.redis_url).cluster)
         self.health = Health()
         self.redis = connect(
             config.redis_url,
@@ -197,13 +197,14 @@ class Router:
                 await self.sessions.republish()
 
     async def _follow_master(self) -> bool:
-        """Through Sentinel: True when the master moved (the new one may lack routes)."""
+        """Through Sentinel or on a cluster: True when a master moved (the new one may
+        lack routes)."""
         try:
             moved = await follow_master(self.redis)
         except RedisDown:
             return False  # the refresh that follows tells whether Redis is down
         if moved:
-            log.warning("Redis master moved (Sentinel failover): writing back known sessions")
+            log.warning("a Redis master moved (a failover): writing back known sessions")
         return moved
 
     async def shutdown(self) -> None:

@@ -35,6 +35,7 @@ from mcpfleet.redisconn import (
     DEFAULT_DEADLINE,
     DEFAULT_FAILOVER_WAIT,
     describe,
+    mget_by_slot,
     pool_full,
     ride_through,
     within,
@@ -405,7 +406,7 @@ class SessionTable:
             # A read, safe to ask again: through Sentinel it waits out a failover.
             values = await ride_through(
                 self.client,
-                lambda: self.client.mget(keys),
+                lambda: mget_by_slot(self.client, keys),
                 deadline=self.deadline,
                 failover_wait=self.failover_wait,
             )

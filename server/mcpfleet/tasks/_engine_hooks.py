@@ -69,6 +69,7 @@ from mcp_types import INTERNAL_ERROR
 from mcpfleet import tracing
 from mcpfleet.contract import task_seals_of
 from mcpfleet.tasks._fleet import FleetTasks, TaskEvent, tool_of_key
+from mcpfleet.tasks._limits import prefix_of
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
 from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
 from mcpfleet.tasks._trace import forget_creator, leg_span
@@ -433,7 +434,7 @@ def _replace_snapshot_save(hooks: EngineHooks) -> None:
         key = fleet.sealer.sealing_key()
         now = time.time()
         async with docket.redis() as redis, redis.pipeline(transaction=False) as pipe:
-            ledger = task_seals_of(docket.name, key.kid)
+            ledger = task_seals_of(prefix_of(docket), key.kid)
             pipe.zremrangebyscore(ledger, "-inf", now)
             pipe.zadd(ledger, {task_member(task_scope, task_id): now + ttl_seconds})
             await pipe.execute()
@@ -469,7 +470,7 @@ def _replace_refresh_ttl(hooks: EngineHooks) -> None:
         member, until = task_member(task_scope, task_id), time.time() + ttl_seconds
         async with docket.redis() as redis, redis.pipeline(transaction=False) as pipe:
             for kid in fleet.sealer.kids():
-                pipe.zadd(task_seals_of(docket.name, kid), {member: until}, xx=True, gt=True)
+                pipe.zadd(task_seals_of(prefix_of(docket), kid), {member: until}, xx=True, gt=True)
             await pipe.execute()
 
     handlers.refresh_snapshot_ttl = _mark(refresh_ledgered)

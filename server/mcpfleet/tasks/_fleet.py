@@ -17,12 +17,14 @@ from datetime import timedelta
 from typing import Any, Final, Literal, get_args
 
 from mcpfleet.contract import task_seals_of
+from mcpfleet.redisconn import on_cluster
 from mcpfleet.tasks._limits import (
     LimitedHook,
     RulesProvider,
     TaskLimiter,
     capped,
     no_limits,
+    prefix_of,
     shared_out,
 )
 from mcpfleet.tasks._queue import FleetQueue
@@ -190,7 +192,7 @@ class FleetTasks:
                 redis.pipeline(transaction=False) as pipe,
             ):
                 for kid in self.sealer.kids():
-                    pipe.zrem(task_seals_of(docket.name, kid), member)
+                    pipe.zrem(task_seals_of(prefix_of(docket), kid), member)
                 await pipe.execute()
         except Exception as exc:  # Redis down or stalled: the entry expires by its score
             log.warning("tasks: an ended task stays in the seal ledger: %s", type(exc).__name__)
@@ -224,14 +226,19 @@ class FleetTasks:
         """Tasks waiting for a worker, fleet-wide: queued and not yet delivered, plus
         scheduled ones that are due. None before the engine runs.
 
-        One MULTI of XLEN, XPENDING (the summary) and ZCOUNT on the queue's keys
+        One MULTI (a pipeline on a cluster) of XLEN, XPENDING (the summary) and ZCOUNT on
+        the queue's keys
         (the replica's ACL selector allows them); the caller bounds the wait.
         """
         docket = self.docket
         if docket is None:
             return None
         stream, group = docket.stream_key, docket.worker_group_name
-        async with client.pipeline(transaction=True) as pipe:
+        # On a Redis Cluster no MULTI: redis-py's asyncio cluster client runs each
+        # command queued in one on a thread it joins on the event loop (see
+        # mcpfleet.registry); the three reads then are not one snapshot.
+        transaction = not on_cluster(client)
+        async with client.pipeline(transaction=transaction) as pipe:
             pipe.xlen(stream)
             pipe.xpending(stream, group)
             pipe.zcount(docket.queue_key, 0, time.time())
