@@ -60,7 +60,14 @@ from mcp_types import (
     SubscriptionsListenResult,
 )
 
-from mcpfleet.notify._bus import FleetBus, kind_of, log
+from mcpfleet.notify._bus import FleetBus, FleetEvent, kind_of, log
+from mcpfleet.notify._taskstatus import (
+    TaskLookup,
+    TaskNotification,
+    TaskStatusChanged,
+    TaskWatch,
+    requested_task_ids,
+)
 
 #: Events one stream may hold unsent; past it the stream is ended (``slow``).
 BUFFERED_EVENTS: Final = 256
@@ -80,10 +87,15 @@ class StreamObserver(Protocol):
     def dropped(self, reason: str) -> None: ...
 
 
-def honoured(requested: SubscriptionFilter) -> SubscriptionFilter:
+def honoured(
+    requested: SubscriptionFilter, task_ids: list[str] | None = None
+) -> SubscriptionFilter:
     """What of ``requested`` a stream gets: all of it, falsy flags and no URIs left out
-    (the SDK's rule: a kind or URI that never fires is still honoured)."""
+    (the SDK's rule: a kind or URI that never fires is still honoured); ``taskIds``
+    only those ``task_ids`` granted (:mod:`._taskstatus`), None: not honoured."""
+    extra: dict[str, Any] = {} if task_ids is None else {"taskIds": task_ids}
     return SubscriptionFilter(
+        **extra,
         tools_list_changed=True if requested.tools_list_changed else None,
         prompts_list_changed=True if requested.prompts_list_changed else None,
         resources_list_changed=True if requested.resources_list_changed else None,
@@ -108,7 +120,9 @@ class ListenStreams:
         self.observer = observer
         self.max_streams = max_streams
         self.buffered = buffered
-        self._streams: set[MemoryObjectSendStream[ServerEvent]] = set()
+        #: How streams read tasks (the replica sets it for an app with tasks), or None.
+        self.tasks: TaskLookup | None = None
+        self._streams: set[MemoryObjectSendStream[FleetEvent]] = set()
 
     @property
     def open(self) -> int:
@@ -122,30 +136,32 @@ class ListenStreams:
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         if len(self._streams) >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
+        watch = TaskWatch.of(self.tasks, ctx, requested_task_ids(params.notifications))
         filt = honoured(params.notifications)
         uris = frozenset(filt.resource_subscriptions or ())
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
-        send, recv = anyio.create_memory_object_stream[ServerEvent](self.buffered)
-        deliver = self._deliverer(filt, uris, send)
+        send, recv = anyio.create_memory_object_stream[FleetEvent](self.buffered)
+        deliver = self._deliverer(filt, uris, watch, send)
         # Subscribed before the ack: an event published meanwhile waits in the buffer,
         # and the ack is still the first frame (only this task writes the stream).
         unsubscribe = self.bus.subscribe(deliver)
         self._streams.add(send)
         self.observer.streams(1)
         try:
-            await ctx.session.send_notification(
+            first = await watch.grant() if watch is not None else []
+            acked = honoured(params.notifications, watch.granted if watch is not None else None)
+            await self._send(
+                ctx,
                 SubscriptionsAcknowledgedNotification(
                     params=SubscriptionsAcknowledgedNotificationParams(
-                        notifications=filt, _meta=meta
+                        notifications=acked, _meta=meta
                     )
                 ),
-                related_request_id=subscription_id,
             )
+            for detail in first:
+                await self._send(ctx, TaskNotification(params={**detail, "_meta": meta}))
             async for event in recv:
-                await ctx.session.send_notification(
-                    event_to_notification(event, meta), related_request_id=subscription_id
-                )
-                self.observer.delivered(kind_of(event))
+                await self._forward(ctx, event, watch, meta)
         finally:
             unsubscribe()
             self._streams.discard(send)
@@ -154,14 +170,45 @@ class ListenStreams:
             recv.close()
         return SubscriptionsListenResult(_meta=meta)
 
+    async def _send(self, ctx: ServerRequestContext[Any, Any], notification: Any) -> None:
+        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
+
+    async def _forward(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        event: FleetEvent,
+        watch: TaskWatch | None,
+        meta: dict[str, Any],
+    ) -> None:
+        """One event onto the stream: a task's read again first (its owner's view)."""
+        if isinstance(event, TaskStatusChanged):
+            if watch is None:
+                return
+            try:
+                detail = await watch.frame(event)
+            except Exception as exc:  # the task store did not answer: the change is lost
+                log.warning("notify: a task's status was not read (%s)", type(exc).__name__)
+                self.observer.dropped("redis")
+                return
+            if detail is None:
+                return
+            await self._send(ctx, TaskNotification(params={**detail, "_meta": meta}))
+        else:
+            await self._send(ctx, event_to_notification(event, meta))
+        self.observer.delivered(kind_of(event))
+
     def _deliverer(
         self,
         filt: SubscriptionFilter,
         uris: frozenset[str],
-        send: MemoryObjectSendStream[ServerEvent],
-    ) -> Callable[[ServerEvent], None]:
-        def deliver(event: ServerEvent) -> None:
-            if not event_matches(filt, uris, event):
+        watch: TaskWatch | None,
+        send: MemoryObjectSendStream[FleetEvent],
+    ) -> Callable[[FleetEvent], None]:
+        def deliver(event: FleetEvent) -> None:
+            if isinstance(event, TaskStatusChanged):
+                if watch is None or not watch.wants(event):
+                    return
+            elif not event_matches(filt, uris, event):
                 return
             try:
                 send.send_nowait(event)

@@ -68,6 +68,7 @@ from mcpfleet.contract import task_seals_of
 from mcpfleet.tasks._fleet import FleetTasks, tool_of_key
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
 from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
+from mcpfleet.tasks._status import announce, announce_settled
 
 T = TypeVar("T")
 
@@ -323,6 +324,8 @@ async def _observed_leg(
     task = asyncio.current_task()
     if fleet is not None and task is not None:
         fleet.running.add(task)
+    if fleet is not None:
+        await announce(fleet.on_status, "working")
     asked: list[bool] = []
     token = _ASKED.set(asked)
     try:
@@ -332,6 +335,7 @@ async def _observed_leg(
     except Exception:
         if fleet is not None:
             fleet.event(tool_name, "failed")
+            announce_settled(fleet.on_status, "failed")
             await fleet.unledger_current()
         raise
     finally:
@@ -341,6 +345,7 @@ async def _observed_leg(
             tool_name,
             "input_required" if asked else "error" if _is_error(result) else "completed",
         )
+        announce_settled(fleet.on_status, "input_required" if asked else "completed")
         if not asked:
             await fleet.unledger_current()
     return result
@@ -370,6 +375,7 @@ def _replace_mark_cancelled(hooks: EngineHooks) -> None:
             except Exception:  # counted all the same, under "other"
                 pass
             fleet.event(tool, "cancelled")
+            await announce(fleet.on_status, "cancelled", task_id)
             await fleet.unledger(docket, task_scope, task_id)
         return result
 
@@ -393,6 +399,7 @@ def _replace_restore_snapshot(hooks: EngineHooks) -> None:
             fleet = hooks.fleet
             if fleet is not None:
                 fleet.event(tool_of_key(str(key)), "failed")
+                announce_settled(fleet.on_status, "failed")
                 await fleet.unledger_key(str(key))
             raise
 
