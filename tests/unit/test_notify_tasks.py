@@ -205,7 +205,7 @@ async def test_task_ids_without_the_extension_declared_are_refused(
 
 async def test_an_app_without_tasks_does_not_honour_task_ids(streams: ListenStreams) -> None:
     streams.tasks = None
-    ctx, run, ack = await open_stream(streams, "alice", 1, taskIds=["t1"], tools_list_changed=True)
+    _, run, ack = await open_stream(streams, "alice", 1, taskIds=["t1"], tools_list_changed=True)
     assert ack.params.notifications.model_extra == {}
     assert ack.params.notifications.tools_list_changed is True
     streams.close()
