@@ -116,13 +116,13 @@ class Notifications:
 
 
 def install_notifications(
-    app: Any, channel: str, *, deadline: float, observer: Observer
+    app: Any, channel: str, *, deadline: float, observer: Observer, max_streams: int = MAX_STREAMS
 ) -> Notifications:
     """Serve ``subscriptions/listen`` for the FastMCP ``app`` over a fleet bus on
     ``channel``; the bus in-process until :meth:`Notifications.serve` runs, and the
     one :func:`publish_resource_updated` uses."""
     bus = FleetBus(channel, deadline=deadline, observer=observer)
-    streams = install_listen(app, bus, observer)
+    streams = install_listen(app, bus, observer, max_streams=max_streams)
     set_bus(bus)
     return Notifications(bus, streams)
 

@@ -289,14 +289,16 @@ class ChangesToBus:
         setattr(session, _OURS, True)
 
 
-def install_listen(app: Any, bus: FleetBus, observer: StreamObserver) -> ListenStreams:
+def install_listen(
+    app: Any, bus: FleetBus, observer: StreamObserver, *, max_streams: int = MAX_STREAMS
+) -> ListenStreams:
     """Serve ``subscriptions/listen`` for the FastMCP ``app`` over ``bus``; publish its changes.
 
     Installed again (tests build several replicas of one app object), it
     replaces the handler and its own middleware, never stacks them.
     """
     lowlevel = app._mcp_server
-    handler = ListenStreams(bus, observer)
+    handler = ListenStreams(bus, observer, max_streams=max_streams)
     lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, handler)
     lowlevel.middleware[:] = [mw for mw in lowlevel.middleware if not getattr(mw, _OURS, False)]
     lowlevel.middleware.append(ChangesToBus(bus))

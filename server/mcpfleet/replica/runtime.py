@@ -116,6 +116,7 @@ class Replica:
             RedisKeys(config.fleet).events,
             deadline=config.redis_deadline,
             observer=self.metrics,
+            max_streams=config.listen_streams,
         )
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
         self.tasks: FleetTasks | None = self._wire_tasks()
