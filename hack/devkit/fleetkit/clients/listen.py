@@ -107,13 +107,16 @@ async def listening(
     *,
     token: str | None = None,
     meta: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
     **notifications: Any,
 ) -> AsyncIterator[Listener]:
     """Open a listen stream at ``url`` (as the bearer of ``token``, with ``meta`` as the
     request's ``_meta``); it is read in the background until the block ends."""
     listener = Listener(request_id)
     body = json.dumps(listen_body(request_id, meta, **notifications))
-    headers = {**HEADERS, "authorization": f"Bearer {token}"} if token else HEADERS
+    headers = {**HEADERS, **(headers or {})}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
     ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run() -> None:
