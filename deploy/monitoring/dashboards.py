@@ -394,6 +394,7 @@ def tasks_row() -> tuple[str, list[PanelSpec]]:
 # --- the Notifications row (mcpfleet / Rounds): listen streams and the fleet bus ---------
 
 EVENTS_DROPPED = "mcpfleet_events_dropped_total"
+FANOUT = "mcpfleet_events_fanout_seconds"
 
 
 def notifications_row() -> tuple[str, list[PanelSpec]]:
@@ -434,7 +435,7 @@ def notifications_row() -> tuple[str, list[PanelSpec]]:
                 "(p50, p99).",
                 "s",
                 tuple(
-                    Query(_quantile(q, "mcpfleet_events_fanout_seconds", "pod"), f"{_pct(q)} {{{{pod}}}}")
+                    Query(_quantile(q, FANOUT, "pod"), f"{_pct(q)} {{{{pod}}}}")
                     for q in (0.5, 0.99)
                 ),
             ),
