@@ -65,4 +65,6 @@ def test_dashboard_queries_only_name_mcpfleet_metrics_with_one_prefix() -> None:
                 "tasks",
                 "limited",
                 "limit",
+                "listen",
+                "events",
             }, metric
