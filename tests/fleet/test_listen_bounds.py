@@ -5,9 +5,10 @@ Three replicas of ``fleetkit.apps.listenapp`` behind one router, with
 (per replica); principals are client addresses the replicas read from
 ``X-Forwarded-For`` (``--trusted-hops 1``). A listener that never reads while
 events flood is ended at its buffer bound, counted, and the replica's memory
-stays bounded (printed). A replica SIGKILLed under open streams: its clients
-see the stream end and listen again through the router; the other replicas'
-streams go on and their counts are right.
+stays bounded (printed); once the client reads, the stream ends with the
+reason. A replica SIGKILLed under open streams: its clients see the stream end
+and listen again through the router; the other replicas' streams go on and
+their counts are right.
 """
 
 from __future__ import annotations
@@ -189,8 +190,27 @@ def test_a_listener_that_reads_nothing_is_ended_at_its_bound_and_memory_stays_bo
         )
         assert (peak - before) * 1024 < FLOOD * len(URI) / 2, "the replica held the flood"
         assert delivered < FLOOD / 2
+        # The client reads at last: what was in flight, then the reason, then the end.
+        assert b'"reason":"slow"' in read_to_end(sock, timeout=15)
+        wait_for(
+            lambda: metric_sum(metrics(fleet, name), "mcpfleet_listen_streams") == 0,
+            timeout=10,
+            what="the ended stream to be gone",
+        )
     finally:
         sock.close()
+
+
+def read_to_end(sock: socket.socket, timeout: float) -> bytes:
+    """Everything the replica sends on ``sock`` until its response ends (``0\r\n\r\n``)."""
+    sock.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 async def test_a_replica_killed_under_open_streams_its_clients_listen_again_elsewhere(

@@ -14,7 +14,8 @@ SDK's own pieces (the filter's admission, the frames, the subscription id):
   (``_meta["io.modelcontextprotocol/subscriptionId"]``);
 * a stream ended by :meth:`ListenStreams.close` (a draining replica) gets its
   ``SubscriptionsListenResult`` as the last frame, so the client knows to
-  listen again elsewhere.
+  listen again elsewhere; a stream ended at its buffer's bound gets a JSON-RPC
+  error (``data.reason``: ``slow``) instead, what it held dropped.
 
 and adds what a fleet needs: each stream's backlog is bounded (a stream whose
 client stops reading is ended at :data:`BUFFERED_EVENTS`, counted ``slow``),
@@ -75,6 +76,11 @@ BUFFERED_EVENTS: Final = 256
 MAX_STREAMS: Final = 1024
 
 _OURS: Final = "_mcpfleet_listen"
+#: The error a stream ended at its buffer's bound ends with (``data.reason``: ``slow``).
+SLOW: Final = (
+    "Listen stream ended: its client did not read the notifications fast enough; "
+    "listen again and re-read what it follows"
+)
 
 
 class StreamObserver(Protocol):
@@ -123,6 +129,8 @@ class ListenStreams:
         #: How streams read tasks (the replica sets it for an app with tasks), or None.
         self.tasks: TaskLookup | None = None
         self._streams: set[MemoryObjectSendStream[FleetEvent]] = set()
+        #: Streams ended at their buffer's bound: they end with :data:`SLOW` as the reason.
+        self._slow: set[MemoryObjectSendStream[FleetEvent]] = set()
 
     @property
     def open(self) -> int:
@@ -161,9 +169,14 @@ class ListenStreams:
             for detail in first:
                 await self._send(ctx, TaskNotification(params={**detail, "_meta": meta}))
             async for event in recv:
+                if send in self._slow:
+                    break  # what it holds is dropped: its reason goes out next
                 await self._forward(ctx, event, watch, meta)
+            if send in self._slow:
+                raise MCPError(INTERNAL_ERROR, SLOW, data={"reason": "slow"})
         finally:
             unsubscribe()
+            self._slow.discard(send)
             self._streams.discard(send)
             self.observer.streams(-1)
             send.close()
@@ -219,6 +232,7 @@ class ListenStreams:
                 # once: the handler may be stuck in a write closing cannot wake).
                 log.warning("notify: a listen stream's buffer is full; ending the stream")
                 self.observer.dropped("slow")
+                self._slow.add(send)
                 self._streams.discard(send)
                 send.close()
 
