@@ -315,6 +315,7 @@ def rounds_dashboard() -> dict[str, Any]:
             ),
             tasks_row(),
             limits_row(),
+            notifications_row(),
         ],
     )
 
@@ -416,6 +417,58 @@ def tasks_row() -> tuple[str, list[PanelSpec]]:
                 "answered with tasks/update).",
                 "ops",
                 (Query(_rate("mcpfleet_tasks_input_requests_total", "tool"), "{{tool}}"),),
+            ),
+        ],
+    )
+
+
+# --- the Notifications row (mcpfleet / Rounds): listen streams and the fleet bus ---------
+
+EVENTS_DROPPED = "mcpfleet_events_dropped_total"
+FANOUT = "mcpfleet_events_fanout_seconds"
+
+
+def notifications_row() -> tuple[str, list[PanelSpec]]:
+    """Panels over ``mcpfleet_listen_streams`` and ``mcpfleet_events_*`` (docs/notifications.md)."""
+    return (
+        "Notifications",
+        [
+            PanelSpec(
+                "Listen streams open",
+                "subscriptions/listen streams open, per replica (each replica serves at most "
+                "--listen-streams; a principal holds at most server.limits.listen fleet-wide).",
+                "short",
+                (Query(f"sum by (pod) (mcpfleet_listen_streams{{{NS}}})", "{{pod}}"),),
+            ),
+            PanelSpec(
+                "Events published and delivered by kind",
+                "Events per second put on the fleet's bus (by the replica where they happened) "
+                "and frames written to listen streams, by kind (tools, prompts, resources list "
+                "changes; resource updates; task status).",
+                "ops",
+                (
+                    Query(_rate("mcpfleet_events_published_total", "kind"), "published {{kind}}"),
+                    Query(_rate("mcpfleet_events_delivered_total", "kind"), "delivered {{kind}}"),
+                ),
+            ),
+            PanelSpec(
+                "Events dropped by reason",
+                "Events per second that reached no stream: redis (a publish Redis did not take "
+                "within the deadline, or a task status not read), slow (a stream ended at its "
+                "buffer's bound), malformed (a frame that is not an event). Any drop fires "
+                "McpfleetEventsDropped.",
+                "ops",
+                (Query(_rate(EVENTS_DROPPED, "reason"), "{{reason}}"),),
+            ),
+            PanelSpec(
+                "Fan-out latency",
+                "From an event's publication, on any replica, to its arrival on each replica "
+                "(p50, p99).",
+                "s",
+                tuple(
+                    Query(_quantile(q, FANOUT, "pod"), f"{_pct(q)} {{{{pod}}}}")
+                    for q in (0.5, 0.99)
+                ),
             ),
         ],
     )

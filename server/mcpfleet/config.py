@@ -93,6 +93,9 @@ class ReplicaConfig:
     #: loads: sealed with its first key, opened with any of its keys
     #: (:class:`mcpfleet.tasks.RingSnapshotCodec`).
     tasks_encrypt: bool = False
+    #: ``subscriptions/listen`` streams one replica serves at once; more are refused
+    #: (each holds a connection and a bounded buffer: docs/notifications.md).
+    listen_streams: int = 1024
     #: The tasks limit per principal (:mod:`mcpfleet.limits`, ``Count``): at most this
     #: many tasks queued, running or waiting for input, fleet-wide (0: no cap) ...
     limit_tasks: int = 0
@@ -104,6 +107,9 @@ class ReplicaConfig:
     #: sessions per replica hold ten such principals at least), and an
     #: interactive agent sends a few rounds a second, not fifty.
     limit_sessions: int = 100
+    #: ``subscriptions/listen`` streams one principal holds open at once, fleet-wide:
+    #: a client needs one or two, not dozens.
+    limit_listen: int = 20
     limit_rounds: float = 50.0
     limit_burst: int = 100
     #: A JSON file of limits over these (per tool, per principal), watched.
@@ -121,6 +127,7 @@ class ReplicaConfig:
             sessions=self.limit_sessions,
             rounds=Rate(self.limit_rounds, self.limit_burst),
             tasks=Count(self.limit_tasks, self.limit_tasks_running),
+            listen=self.limit_listen,
         )
 
     def resolved_name(self) -> str:

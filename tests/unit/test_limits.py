@@ -13,6 +13,7 @@ from mcpfleet.contract import RedisKeys
 from mcpfleet.limits import (
     Limiter,
     LimitRules,
+    PrincipalRule,
     Rate,
     RulesError,
     RulesWatcher,
@@ -257,3 +258,64 @@ def test_with_redis_down_a_replica_still_holds_the_cap_for_its_own_sessions() ->
         assert refusal is None and pending is None, "failed open, counted"
 
     asyncio.run(run())
+
+
+def test_listen_streams_hold_places_fleet_wide_given_back_when_each_ends() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(listen=2), store, clock)
+    key = RedisKeys("t").limit("listen", "p")
+
+    async def run() -> None:
+        places = []
+        for _ in range(2):
+            refusal, place = await lim.admit_listen("p")
+            assert refusal is None and place is not None
+            places.append(place)
+        refusal, place = await lim.admit_listen("p")
+        assert refusal is not None and refusal.limit == "listen" and place is None
+        assert refusal.retry_seconds >= 1 and "2 listen" in refusal.message
+        assert (await lim.admit_listen("q"))[0] is None, "another principal is not refused"
+        await lim.release_listen(places[0])
+        assert store.holdings[key] == {places[1]}
+        refusal, again = await lim.admit_listen("p")
+        assert refusal is None and again is not None
+        await lim.renew_sessions(set())
+        assert store.holdings[key] == {places[1], again}, "open streams' places are renewed"
+
+    asyncio.run(run())
+
+
+def test_listen_streams_past_the_cap_of_other_replicas_are_refused_here() -> None:
+    """The count is fleet-wide: places another replica holds count here too."""
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(listen=1), store, clock)
+    store.holdings[RedisKeys("t").limit("listen", "p")] = {"listen-elsewhere"}
+
+    async def run() -> None:
+        refusal, place = await lim.admit_listen("p")
+        assert refusal is not None and place is None
+
+    asyncio.run(run())
+
+
+def test_with_redis_down_listen_places_are_counted_here_and_no_limit_holds_nothing() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(listen=1, principals={"vip": PrincipalRule(listen=0)}), store, clock)
+    store.fail = TimeoutError()
+
+    async def run() -> None:
+        refusal, place = await lim.admit_listen("p")
+        assert refusal is None and place is not None, "failed open, counted here"
+        refusal, _ = await lim.admit_listen("p")
+        assert refusal is not None, "one stream here: the cap holds without Redis"
+        await lim.release_listen(place)
+        assert (await lim.admit_listen("vip")) == (None, None)
+
+    asyncio.run(run())
+
+
+def test_the_listen_limit_is_read_from_the_file_and_per_principal() -> None:
+    rules = parse_rules({"listen": 4, "principals": {"p1": {"listen": 40}}}, BASE)
+    assert rules.listen_for("p1") == 40 and rules.listen_for("p2") == 4 and rules.any
+    with pytest.raises(RulesError, match="listen: must be a whole number"):
+        parse_rules({"listen": 1.5}, BASE)

@@ -30,6 +30,8 @@ EXPECTED = {
     "McpfleetLimitingSustained",
     # The operator's tasks wait: a rotation that retired its old key under live tasks.
     "McpfleetKeyRotationAbandonedTasks",
+    # Notifications: events dropped before reaching listen streams.
+    "McpfleetEventsDropped",
 }
 
 

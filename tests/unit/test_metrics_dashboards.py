@@ -65,6 +65,8 @@ def test_dashboard_queries_only_name_mcpfleet_metrics_with_one_prefix() -> None:
                 "tasks",
                 "limited",
                 "limit",
+                "listen",
+                "events",
             }, metric
 
 

@@ -10,6 +10,7 @@ import pytest
 from fastmcp import Context, FastMCP
 from mcp.client import Client
 from mcp.client.subscriptions import ResourceUpdated, ToolsListChanged
+from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged
 from mcp_types import ToolListChangedNotification
 
@@ -158,8 +159,11 @@ async def test_a_stream_that_is_not_read_is_ended_at_its_bound(counts: Counts) -
     streams = ListenStreams(bus, counts, buffered=4)
     stuck = asyncio.Event()
 
+    sent: list[str] = []
+
     class Session:
         async def send_notification(self, notification: Any, related_request_id: Any) -> None:
+            sent.append(notification.method)
             if notification.method != "notifications/subscriptions/acknowledged":
                 await stuck.wait()
 
@@ -181,8 +185,11 @@ async def test_a_stream_that_is_not_read_is_ended_at_its_bound(counts: Counts) -
     assert counts.seen["dropped", "slow"] == 1
     assert streams.open == 0
     stuck.set()
-    result = await asyncio.wait_for(handler, 2)
-    assert result.meta == {"io.modelcontextprotocol/subscriptionId": 7}
+    # What it held is dropped: it ends with the reason, not a result.
+    with pytest.raises(MCPError) as ended:
+        await asyncio.wait_for(handler, 2)
+    assert ended.value.error.data == {"reason": "slow"}
+    assert sent == ["notifications/subscriptions/acknowledged", "notifications/tools/list_changed"]
 
 
 async def test_close_ends_every_stream_with_its_result(app: Any) -> None:

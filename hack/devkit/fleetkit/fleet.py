@@ -160,9 +160,14 @@ class FleetOptions:
 
     def fleet_fields(self) -> dict[str, Any]:
         """The :class:`LocalFleet` fields these options set, for any backend's constructor."""
-        # The test process's own PYTHONPATH last: a checkout's sources, not an install's.
-        paths = (str(DEVKIT_DIR), self.env.get("PYTHONPATH"), os.environ.get("PYTHONPATH"))
-        path = os.pathsep.join(p for p in paths if p)
+        # The tests' own import path goes last (made absolute: the processes run in
+        # their work directory), so the processes run the code the tests import.
+        inherited = [
+            os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
+        ]
+        path = os.pathsep.join(
+            p for p in (str(DEVKIT_DIR), self.env.get("PYTHONPATH"), *inherited) if p
+        )
         return {
             "replicas": self.replicas,
             "routers": self.routers,

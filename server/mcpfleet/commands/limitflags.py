@@ -24,6 +24,13 @@ def add_flags(s: argparse.ArgumentParser, rep: Any) -> None:
         f" (default {rep.limit_sessions})",
     )
     s.add_argument(
+        "--limit-listen",
+        type=non_negative_int,
+        default=rep.limit_listen,
+        help="subscriptions/listen streams one principal holds open at once, fleet-wide;"
+        f" 0: no limit (default {rep.limit_listen})",
+    )
+    s.add_argument(
         "--limit-rounds",
         type=non_negative,
         default=rep.limit_rounds,
@@ -50,6 +57,11 @@ def add_flags(s: argparse.ArgumentParser, rep: Any) -> None:
         help="tasks of one principal the fleet's workers run at once (the rest wait while"
         f" other principals' run); 0: no share (default {rep.limit_tasks_running})",
     )
+    _principal_flags(s, rep)
+
+
+def _principal_flags(s: argparse.ArgumentParser, rep: Any) -> None:
+    """The limits file and who a request counts against."""
     s.add_argument(
         "--limits-file",
         type=Path,

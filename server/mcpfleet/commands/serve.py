@@ -161,6 +161,13 @@ def add_parsers(sub: Any) -> None:
         default=rep.tasks_encrypt,
         help="encrypt stored task snapshots under keys derived from the key ring (--keys)",
     )
+    s.add_argument(
+        "--listen-streams",
+        type=positive_int,
+        default=rep.listen_streams,
+        help="subscriptions/listen streams this replica serves at once; more are refused"
+        f" (default {rep.listen_streams})",
+    )
     limitflags.add_flags(s, rep)
 
 

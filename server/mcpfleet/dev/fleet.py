@@ -140,7 +140,7 @@ class ReplicaProcess:
 
 #: The flags that turn every limit per principal off (mcpfleet.limits): for a
 #: fleet whose one client stands for many users (a benchmark, a test).
-NO_LIMITS: tuple[str, ...] = ("--limit-sessions", "0", "--limit-rounds", "0")
+NO_LIMITS: tuple[str, ...] = ("--limit-sessions", "0", "--limit-rounds", "0", "--limit-listen", "0")
 
 
 @dataclass

@@ -10,6 +10,9 @@ another session?". It holds the rules in force (swapped whole on a reload) and:
   Redis one call per refusal window, not one per request. A lease is taken out
   of the bucket: a principal never gets more than its rate fleet-wide, and
   gets less only by what a replica's unspent lease loses when it expires;
+* **listen streams**: a place like a session's, held for the stream's whole
+  life (:meth:`Limiter.admit_listen`, given back by :meth:`Limiter.release_listen`,
+  renewed with the sessions' places);
 * **sessions**: a place in the principal's fleet-wide holdings
   (:class:`~mcpfleet.limits._store.CapStore`) for an ``initialize`` in flight,
   turned into the session's once it opened, renewed by :meth:`Limiter.renew_sessions`
@@ -143,6 +146,9 @@ class Limiter:
         #: Sessions that ended here whose places Redis has not been told of yet.
         self._ended: dict[str, list[str]] = {}
         self._logged: dict[tuple[str, str], float] = {}
+        #: Listen streams open here with a limit on: place -> principal.
+        self.listens: dict[str, str] = {}
+        self._listen_held: dict[str, int] = {}
 
     def attach(self, client: Any) -> None:
         """Count fleet-wide in the Redis ``client`` reaches (anything with ``eval``)."""
@@ -278,7 +284,8 @@ class Limiter:
     async def renew_sessions(self, live: set[str] | None = None) -> None:
         """Renew the places of the sessions held here (those still in ``live``, when
         given), re-adding any a Redis that restarted empty lost, and give back the
-        places of sessions that ended. Raises what Redis raised (the caller retries)."""
+        places of sessions that ended; then the open listen streams' places. Raises
+        what Redis raised (the caller retries)."""
         if live is not None:
             for session in [s for s in self.sessions if s not in live]:
                 self.session_ended(session)
@@ -299,6 +306,69 @@ class Limiter:
         finally:
             for principal, dropped in ended.items():  # not sent: next time
                 self._ended.setdefault(principal, []).extend(dropped)
+        await self._renew_listens()
+
+    # -- listen streams ------------------------------------------------------------
+
+    async def admit_listen(self, principal: str) -> tuple[Refusal | None, str | None]:
+        """May ``principal`` open one more listen stream? (refusal, the stream's place).
+
+        The place is held until :meth:`release_listen` and renewed with the sessions'
+        (:meth:`renew_sessions`); a replica killed stops renewing it. Redis away: this
+        replica's own count against the same cap (counted ``failed``).
+        """
+        cap = self.rules.listen_for(principal)
+        if not cap:
+            return None, None
+        if self._listen_held.get(principal, 0) >= cap:
+            return self._refused_cap("listen", principal, cap, SESSION_LEASE / 3), None
+        place = "listen-" + secrets.token_hex(8)
+        if self.caps is not None and self.clock() >= self._redis_back:
+            try:
+                async with asyncio.timeout(self.deadline):
+                    wait = await self.caps.admit(
+                        self.keys.limit("listen", principal), cap, place, SESSION_LEASE
+                    )
+            except Exception as e:
+                self._redis_failed("listen", e)
+            else:
+                if wait > 0:
+                    return self._refused_cap("listen", principal, cap, wait), None
+        elif self.caps is not None:
+            self._failed("listen")
+        self.listens[place] = principal
+        self._listen_held[principal] = self._listen_held.get(principal, 0) + 1
+        return None, place
+
+    async def release_listen(self, place: str) -> None:
+        """The stream holding ``place`` ended: its place is given back now (bounded; on a
+        failure its lease ends it)."""
+        principal = self.listens.pop(place, None)
+        if principal is None:
+            return
+        left = self._listen_held.get(principal, 1) - 1
+        if left > 0:
+            self._listen_held[principal] = left
+        else:
+            self._listen_held.pop(principal, None)
+        if self.caps is None:
+            return
+        try:
+            async with asyncio.timeout(self.deadline):
+                await self.caps.renew(self.keys.limit("listen", principal), [], [place], 1.0)
+        except Exception as e:
+            self._redis_failed("listen", e)
+
+    async def _renew_listens(self) -> None:
+        caps = self.caps
+        if caps is None:
+            return
+        by_principal: dict[str, list[str]] = {}
+        for place, principal in self.listens.items():
+            by_principal.setdefault(principal, []).append(place)
+        for principal, held in by_principal.items():
+            key = self.keys.limit("listen", principal)
+            await asyncio.wait_for(caps.renew(key, held, [], SESSION_LEASE), self.deadline)
 
     # -- refusals ------------------------------------------------------------------
 

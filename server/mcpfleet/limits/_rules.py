@@ -1,6 +1,6 @@
 """The limits in force: one value, read from flags and an optional file, swapped whole.
 
-A limit is named (``sessions``, ``rounds``, ``tasks``), keyed by principal, and
+A limit is named (``sessions``, ``rounds``, ``tasks``, ``listen``), keyed by principal, and
 is a count (a cap on what a principal holds at once) or a rate (a refill per
 second with a burst). :class:`LimitRules` holds the fleet's defaults, an
 override per tool (rounds only: an expensive tool gets a tighter rate) and an
@@ -10,6 +10,7 @@ override per principal (by its digest: a service account that needs more).
 The file (``--limits-file``, a ConfigMap's key in the chart) is JSON::
 
     {"sessions": 100,
+     "listen": 20,
      "rounds": {"rate": 50, "burst": 100},
      "tasks": {"cap": 200, "running": 4},
      "tools": {"render_report": {"rate": 1, "burst": 3}},
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 #: Every limit's name, as the metric's ``limit`` label and the error's ``data.limit``.
-LIMIT_NAMES: Final = ("sessions", "rounds", "tasks")
+LIMIT_NAMES: Final = ("sessions", "rounds", "tasks", "listen")
 
 #: The principal of the request being served (a digest, or ``addr:<digest>`` for an
 #: unauthenticated client, or ``shared``), set by the replica's limit gate before the
@@ -93,6 +94,7 @@ class PrincipalRule:
     sessions: int | None = None
     rounds: Rate | None = None
     tasks: Count | None = None
+    listen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class LimitRules:
     rounds: Rate = field(default_factory=Rate)
     tasks: Count = field(default_factory=Count)
     tools: Mapping[str, Rate] = field(default_factory=dict)
+    #: ``subscriptions/listen`` streams one principal holds open at once, fleet-wide.
+    listen: int = 0
     principals: Mapping[str, PrincipalRule] = field(default_factory=dict)
 
     def sessions_for(self, principal: str) -> int:
@@ -110,6 +114,12 @@ class LimitRules:
         if rule is not None and rule.sessions is not None:
             return rule.sessions
         return self.sessions
+
+    def listen_for(self, principal: str) -> int:
+        rule = self.principals.get(principal)
+        if rule is not None and rule.listen is not None:
+            return rule.listen
+        return self.listen
 
     def rounds_for(self, principal: str) -> Rate:
         rule = self.principals.get(principal)
@@ -132,6 +142,7 @@ class LimitRules:
         """Whether any limit is set (all off: the gate costs nothing)."""
         return bool(
             self.sessions
+            or self.listen
             or not self.rounds.unlimited
             or self.tasks.cap
             or self.tasks.running
@@ -188,13 +199,15 @@ def _count(value: Any, where: str, base: Count) -> Count:
 
 
 def _principal(value: Any, where: str, base: LimitRules) -> PrincipalRule:
-    doc = _object(value, where, ("sessions", "rounds", "tasks"))
-    sessions = None
+    doc = _object(value, where, ("sessions", "rounds", "tasks", "listen"))
+    sessions = listen = None
     if "sessions" in doc:
         sessions = int(_number(doc["sessions"], f"{where}.sessions", integer=True))
+    if "listen" in doc:
+        listen = int(_number(doc["listen"], f"{where}.listen", integer=True))
     rounds = _rate(doc["rounds"], f"{where}.rounds", base.rounds) if "rounds" in doc else None
     tasks = _count(doc["tasks"], f"{where}.tasks", base.tasks) if "tasks" in doc else None
-    return PrincipalRule(sessions, rounds, tasks)
+    return PrincipalRule(sessions, rounds, tasks, listen)
 
 
 def parse_rules(doc: Any, base: LimitRules) -> LimitRules:
@@ -202,10 +215,12 @@ def parse_rules(doc: Any, base: LimitRules) -> LimitRules:
 
     Raises :class:`RulesError` naming the first field that is wrong.
     """
-    top = _object(doc, "limits", ("sessions", "rounds", "tasks", "tools", "principals"))
+    top = _object(doc, "limits", ("sessions", "rounds", "tasks", "listen", "tools", "principals"))
     rules = base
     if "sessions" in top:
         rules = replace(rules, sessions=int(_number(top["sessions"], "sessions", integer=True)))
+    if "listen" in top:
+        rules = replace(rules, listen=int(_number(top["listen"], "listen", integer=True)))
     if "rounds" in top:
         rules = replace(rules, rounds=_rate(top["rounds"], "rounds", base.rounds))
     if "tasks" in top:

@@ -10,7 +10,10 @@ app:
 * a :class:`FleetBus` (:mod:`mcpfleet.notify._bus`), the SDK's
   ``SubscriptionBus`` seam over the fleet's pub/sub channel in Redis, so an
   event published on any replica reaches every matching stream on every one;
-* the list changes FastMCP announces, published on that bus.
+* the list changes FastMCP announces, published on that bus;
+* for an app with MCP tasks, each task's status changes as
+  ``notifications/tasks`` to the streams of its owner that named it
+  (:mod:`mcpfleet.notify._taskstatus`).
 
 For app code, :func:`publish_resource_updated` and :func:`publish_list_changed`
 (exported from ``mcpfleet``) publish an event from anywhere: a tool, a
@@ -31,7 +34,15 @@ from mcp.shared.subscriptions import (
     ToolsListChanged,
 )
 
-from mcpfleet.notify._bus import DROP_REASONS, KINDS, MAX_URI, BusObserver, FleetBus, kind_of
+from mcpfleet.notify._bus import (
+    DROP_REASONS,
+    KINDS,
+    MAX_URI,
+    BusObserver,
+    FleetBus,
+    FleetEvent,
+    kind_of,
+)
 from mcpfleet.notify._listen import (
     BUFFERED_EVENTS,
     MAX_STREAMS,
@@ -39,6 +50,7 @@ from mcpfleet.notify._listen import (
     StreamObserver,
     install_listen,
 )
+from mcpfleet.notify._taskstatus import TaskLookup, TaskStatusChanged
 
 __all__ = [
     "BUFFERED_EVENTS",
@@ -47,9 +59,12 @@ __all__ = [
     "MAX_STREAMS",
     "BusObserver",
     "FleetBus",
+    "FleetEvent",
     "ListenStreams",
     "Notifications",
     "StreamObserver",
+    "TaskLookup",
+    "TaskStatusChanged",
     "install_listen",
     "install_notifications",
     "kind_of",
@@ -87,19 +102,27 @@ class Notifications:
         finally:
             self.bus.detach()
 
+    def read_tasks(self, lookup: TaskLookup) -> None:
+        """Let listen streams name tasks (``taskIds``), read through ``lookup``."""
+        self.streams.tasks = lookup
+
+    async def task_status(self, task_id: str, status: str) -> bool:
+        """Publish that task ``task_id`` is now ``status`` (for its owner's streams)."""
+        return await self.bus.send(TaskStatusChanged(task_id, status))
+
     def close(self) -> None:
         """End every listen stream here (a draining replica): clients listen again elsewhere."""
         self.streams.close()
 
 
 def install_notifications(
-    app: Any, channel: str, *, deadline: float, observer: Observer
+    app: Any, channel: str, *, deadline: float, observer: Observer, max_streams: int = MAX_STREAMS
 ) -> Notifications:
     """Serve ``subscriptions/listen`` for the FastMCP ``app`` over a fleet bus on
     ``channel``; the bus in-process until :meth:`Notifications.serve` runs, and the
     one :func:`publish_resource_updated` uses."""
     bus = FleetBus(channel, deadline=deadline, observer=observer)
-    streams = install_listen(app, bus, observer)
+    streams = install_listen(app, bus, observer, max_streams=max_streams)
     set_bus(bus)
     return Notifications(bus, streams)
 

@@ -41,10 +41,15 @@ from mcp.shared.subscriptions import (
     ToolsListChanged,
 )
 
+from mcpfleet.notify._taskstatus import MAX_TASK_ID, TASK_STATUSES, TaskStatusChanged
+
 log = logging.getLogger("mcpfleet.notify")
 
+#: What the fleet bus carries: the SDK's events and a task's status change.
+FleetEvent = ServerEvent | TaskStatusChanged
+
 #: The kinds of event, as metrics label them and the wire names them.
-KINDS: Final = ("tools", "prompts", "resources", "resource")
+KINDS: Final = ("tools", "prompts", "resources", "resource", "task")
 #: Why an event did not reach a stream: Redis did not take it within the deadline,
 #: a stream's buffer was full (the stream is ended), or a frame was not one of ours.
 DROP_REASONS: Final = ("redis", "slow", "malformed")
@@ -79,8 +84,10 @@ class _Quiet:
         pass
 
 
-def kind_of(event: ServerEvent) -> str:
+def kind_of(event: FleetEvent) -> str:
     """The event's kind (one of :data:`KINDS`)."""
+    if isinstance(event, TaskStatusChanged):
+        return "task"
     if isinstance(event, ToolsListChanged):
         return "tools"
     if isinstance(event, PromptsListChanged):
@@ -97,15 +104,18 @@ _BY_KIND: Final[dict[str, ServerEvent]] = {
 }
 
 
-def encode(event: ServerEvent, now: float | None = None) -> bytes:
-    """The frame of ``event`` on the channel: its kind, URI and when it was published."""
+def encode(event: FleetEvent, now: float | None = None) -> bytes:
+    """The frame of ``event`` on the channel: its kind, URI (or task id and status)
+    and when it was published."""
     frame: dict[str, Any] = {"k": kind_of(event), "t": time.time() if now is None else now}
     if isinstance(event, ResourceUpdated):
         frame["u"] = event.uri
+    elif isinstance(event, TaskStatusChanged):
+        frame["i"], frame["s"] = event.task_id, event.status
     return json.dumps(frame, separators=(",", ":")).encode()
 
 
-def decode(data: bytes | str) -> tuple[ServerEvent, float] | None:
+def decode(data: bytes | str) -> tuple[FleetEvent, float] | None:
     """The event and its publication time in a frame, or None for anything else (pure)."""
     try:
         frame = json.loads(data)
@@ -117,6 +127,11 @@ def decode(data: bytes | str) -> tuple[ServerEvent, float] | None:
         if not isinstance(uri, str) or len(uri) > MAX_URI:
             return None
         return ResourceUpdated(uri=uri), sent
+    if kind == "task":
+        task_id, status = frame.get("i"), frame.get("s")
+        if not isinstance(task_id, str) or not 0 < len(task_id) <= MAX_TASK_ID:
+            return None
+        return (TaskStatusChanged(task_id, status), sent) if status in TASK_STATUSES else None
     event = _BY_KIND.get(kind) if isinstance(kind, str) else None
     return (event, sent) if event is not None else None
 
@@ -134,7 +149,7 @@ class FleetBus:
         self.channel = channel
         self.deadline = deadline
         self.observer: BusObserver = observer or _Quiet()
-        self._listeners: dict[object, Callable[[ServerEvent], None]] = {}
+        self._listeners: dict[object, Callable[[FleetEvent], None]] = {}
         self._redis: Any = None
         #: Set while the reader is subscribed (tests and the docs' figures wait on it).
         self.reading = asyncio.Event()
@@ -149,7 +164,7 @@ class FleetBus:
 
     # --- the SubscriptionBus seam --------------------------------------------------------
 
-    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+    def subscribe(self, listener: Callable[[FleetEvent], None]) -> Callable[[], None]:
         """Register ``listener``; the idempotent callable returned unregisters it."""
         token = object()
         self._listeners[token] = listener
@@ -159,11 +174,11 @@ class FleetBus:
 
         return unsubscribe
 
-    async def publish(self, event: ServerEvent) -> None:
+    async def publish(self, event: FleetEvent) -> None:
         """Publish ``event`` to the fleet (see :meth:`send` for the outcome)."""
         await self.send(event)
 
-    async def send(self, event: ServerEvent) -> bool:
+    async def send(self, event: FleetEvent) -> bool:
         """Publish ``event``; False if Redis did not take it within the deadline (counted)."""
         kind = kind_of(event)
         client = self._redis
@@ -184,7 +199,7 @@ class FleetBus:
         self.observer.published(kind)
         return True
 
-    def deliver(self, event: ServerEvent) -> None:
+    def deliver(self, event: FleetEvent) -> None:
         """Hand ``event`` to every local listener; one that raises is logged and skipped."""
         for listener in list(self._listeners.values()):
             try:

@@ -14,7 +14,8 @@ SDK's own pieces (the filter's admission, the frames, the subscription id):
   (``_meta["io.modelcontextprotocol/subscriptionId"]``);
 * a stream ended by :meth:`ListenStreams.close` (a draining replica) gets its
   ``SubscriptionsListenResult`` as the last frame, so the client knows to
-  listen again elsewhere.
+  listen again elsewhere; a stream ended at its buffer's bound gets a JSON-RPC
+  error (``data.reason``: ``slow``) instead, what it held dropped.
 
 and adds what a fleet needs: each stream's backlog is bounded (a stream whose
 client stops reading is ended at :data:`BUFFERED_EVENTS`, counted ``slow``),
@@ -60,7 +61,14 @@ from mcp_types import (
     SubscriptionsListenResult,
 )
 
-from mcpfleet.notify._bus import FleetBus, kind_of, log
+from mcpfleet.notify._bus import FleetBus, FleetEvent, kind_of, log
+from mcpfleet.notify._taskstatus import (
+    TaskLookup,
+    TaskNotification,
+    TaskStatusChanged,
+    TaskWatch,
+    requested_task_ids,
+)
 
 #: Events one stream may hold unsent; past it the stream is ended (``slow``).
 BUFFERED_EVENTS: Final = 256
@@ -68,6 +76,11 @@ BUFFERED_EVENTS: Final = 256
 MAX_STREAMS: Final = 1024
 
 _OURS: Final = "_mcpfleet_listen"
+#: The error a stream ended at its buffer's bound ends with (``data.reason``: ``slow``).
+SLOW: Final = (
+    "Listen stream ended: its client did not read the notifications fast enough; "
+    "listen again and re-read what it follows"
+)
 
 
 class StreamObserver(Protocol):
@@ -80,10 +93,15 @@ class StreamObserver(Protocol):
     def dropped(self, reason: str) -> None: ...
 
 
-def honoured(requested: SubscriptionFilter) -> SubscriptionFilter:
+def honoured(
+    requested: SubscriptionFilter, task_ids: list[str] | None = None
+) -> SubscriptionFilter:
     """What of ``requested`` a stream gets: all of it, falsy flags and no URIs left out
-    (the SDK's rule: a kind or URI that never fires is still honoured)."""
+    (the SDK's rule: a kind or URI that never fires is still honoured); ``taskIds``
+    only those ``task_ids`` granted (:mod:`._taskstatus`), None: not honoured."""
+    extra: dict[str, Any] = {} if task_ids is None else {"taskIds": task_ids}
     return SubscriptionFilter(
+        **extra,
         tools_list_changed=True if requested.tools_list_changed else None,
         prompts_list_changed=True if requested.prompts_list_changed else None,
         resources_list_changed=True if requested.resources_list_changed else None,
@@ -108,7 +126,11 @@ class ListenStreams:
         self.observer = observer
         self.max_streams = max_streams
         self.buffered = buffered
-        self._streams: set[MemoryObjectSendStream[ServerEvent]] = set()
+        #: How streams read tasks (the replica sets it for an app with tasks), or None.
+        self.tasks: TaskLookup | None = None
+        self._streams: set[MemoryObjectSendStream[FleetEvent]] = set()
+        #: Streams ended at their buffer's bound: they end with :data:`SLOW` as the reason.
+        self._slow: set[MemoryObjectSendStream[FleetEvent]] = set()
 
     @property
     def open(self) -> int:
@@ -122,46 +144,84 @@ class ListenStreams:
             raise MCPError(INVALID_REQUEST, "subscriptions/listen requires a request id")
         if len(self._streams) >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, "Subscription limit reached")
+        watch = TaskWatch.of(self.tasks, ctx, requested_task_ids(params.notifications))
         filt = honoured(params.notifications)
         uris = frozenset(filt.resource_subscriptions or ())
         meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
-        send, recv = anyio.create_memory_object_stream[ServerEvent](self.buffered)
-        deliver = self._deliverer(filt, uris, send)
+        send, recv = anyio.create_memory_object_stream[FleetEvent](self.buffered)
+        deliver = self._deliverer(filt, uris, watch, send)
         # Subscribed before the ack: an event published meanwhile waits in the buffer,
         # and the ack is still the first frame (only this task writes the stream).
         unsubscribe = self.bus.subscribe(deliver)
         self._streams.add(send)
         self.observer.streams(1)
         try:
-            await ctx.session.send_notification(
+            first = await watch.grant() if watch is not None else []
+            acked = honoured(params.notifications, watch.granted if watch is not None else None)
+            await self._send(
+                ctx,
                 SubscriptionsAcknowledgedNotification(
                     params=SubscriptionsAcknowledgedNotificationParams(
-                        notifications=filt, _meta=meta
+                        notifications=acked, _meta=meta
                     )
                 ),
-                related_request_id=subscription_id,
             )
+            for detail in first:
+                await self._send(ctx, TaskNotification(params={**detail, "_meta": meta}))
             async for event in recv:
-                await ctx.session.send_notification(
-                    event_to_notification(event, meta), related_request_id=subscription_id
-                )
-                self.observer.delivered(kind_of(event))
+                if send in self._slow:
+                    break  # what it holds is dropped: its reason goes out next
+                await self._forward(ctx, event, watch, meta)
+            if send in self._slow:
+                raise MCPError(INTERNAL_ERROR, SLOW, data={"reason": "slow"})
         finally:
             unsubscribe()
+            self._slow.discard(send)
             self._streams.discard(send)
             self.observer.streams(-1)
             send.close()
             recv.close()
         return SubscriptionsListenResult(_meta=meta)
 
+    async def _send(self, ctx: ServerRequestContext[Any, Any], notification: Any) -> None:
+        await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
+
+    async def _forward(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        event: FleetEvent,
+        watch: TaskWatch | None,
+        meta: dict[str, Any],
+    ) -> None:
+        """One event onto the stream: a task's read again first (its owner's view)."""
+        if isinstance(event, TaskStatusChanged):
+            if watch is None:
+                return
+            try:
+                detail = await watch.frame(event)
+            except Exception as exc:  # the task store did not answer: the change is lost
+                log.warning("notify: a task's status was not read (%s)", type(exc).__name__)
+                self.observer.dropped("redis")
+                return
+            if detail is None:
+                return
+            await self._send(ctx, TaskNotification(params={**detail, "_meta": meta}))
+        else:
+            await self._send(ctx, event_to_notification(event, meta))
+        self.observer.delivered(kind_of(event))
+
     def _deliverer(
         self,
         filt: SubscriptionFilter,
         uris: frozenset[str],
-        send: MemoryObjectSendStream[ServerEvent],
-    ) -> Callable[[ServerEvent], None]:
-        def deliver(event: ServerEvent) -> None:
-            if not event_matches(filt, uris, event):
+        watch: TaskWatch | None,
+        send: MemoryObjectSendStream[FleetEvent],
+    ) -> Callable[[FleetEvent], None]:
+        def deliver(event: FleetEvent) -> None:
+            if isinstance(event, TaskStatusChanged):
+                if watch is None or not watch.wants(event):
+                    return
+            elif not event_matches(filt, uris, event):
                 return
             try:
                 send.send_nowait(event)
@@ -172,6 +232,7 @@ class ListenStreams:
                 # once: the handler may be stuck in a write closing cannot wake).
                 log.warning("notify: a listen stream's buffer is full; ending the stream")
                 self.observer.dropped("slow")
+                self._slow.add(send)
                 self._streams.discard(send)
                 send.close()
 
@@ -242,14 +303,16 @@ class ChangesToBus:
         setattr(session, _OURS, True)
 
 
-def install_listen(app: Any, bus: FleetBus, observer: StreamObserver) -> ListenStreams:
+def install_listen(
+    app: Any, bus: FleetBus, observer: StreamObserver, *, max_streams: int = MAX_STREAMS
+) -> ListenStreams:
     """Serve ``subscriptions/listen`` for the FastMCP ``app`` over ``bus``; publish its changes.
 
     Installed again (tests build several replicas of one app object), it
     replaces the handler and its own middleware, never stacks them.
     """
     lowlevel = app._mcp_server
-    handler = ListenStreams(bus, observer)
+    handler = ListenStreams(bus, observer, max_streams=max_streams)
     lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, handler)
     lowlevel.middleware[:] = [mw for mw in lowlevel.middleware if not getattr(mw, _OURS, False)]
     lowlevel.middleware.append(ChangesToBus(bus))

@@ -16,7 +16,10 @@ and before the MCP transport sees the request:
   against the principal's rate (and its tool's, when one is set);
 * past a limit: ``429`` with ``Retry-After`` and a JSON-RPC error (code
   -32000) whose ``data`` names the limit and the seconds to wait, on both eras.
-  Nothing of the request ran.
+  Nothing of the request ran;
+* a ``subscriptions/listen`` (a round too) must find a place in the principal's
+  listen streams, held for as long as the stream's response lasts and given
+  back the moment it ends (the client left, the stream was ended here).
 
 With no limit set, requests pass through untouched.
 """
@@ -96,11 +99,29 @@ class LimitGate:
                     self._count(refusal, body)
                     await _refuse(send, refusal, body)
                     return
+                if b"subscriptions/listen" in body and _method(body) == "subscriptions/listen":
+                    await self._listen(scope, replay, send, principal, body)
+                    return
                 await self.app(scope, replay, send)
             else:
                 await self.app(scope, replay, send)
         finally:
             CURRENT_PRINCIPAL.reset(token)
+
+    async def _listen(
+        self, scope: Scope, receive: Receive, send: Send, principal: str, body: bytes
+    ) -> None:
+        """A listen stream, in a place of the principal's for as long as it is open."""
+        refusal, place = await self.limiter.admit_listen(principal)
+        if refusal is not None:
+            self._count(refusal, body)
+            await _refuse(send, refusal, body)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if place is not None:
+                await self.limiter.release_listen(place)
 
     def _tool(self, body: bytes) -> str | None:
         """The tool a ``tools/call`` names, when a tool has a rate of its own."""
@@ -217,6 +238,12 @@ def _is_initialize(body: bytes) -> bool:
     doc = _parsed(body)
     items = doc if isinstance(doc, list) else [doc]
     return any(isinstance(m, dict) and m.get("method") == "initialize" for m in items)
+
+
+def _method(body: bytes) -> str | None:
+    doc = _parsed(body)
+    method = doc.get("method") if isinstance(doc, dict) else None
+    return method if isinstance(method, str) else None
 
 
 def _tool_name(body: bytes) -> str | None:

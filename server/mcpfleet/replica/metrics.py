@@ -49,9 +49,10 @@ in the same registry and served on the same ``/metrics``):
   ``subscriptions/listen`` streams open here),
   ``mcpfleet_events_published_total{kind}`` (events this replica put on the
   fleet's bus: ``tools``, ``prompts``, ``resources`` list changes, ``resource``
-  updates), ``mcpfleet_events_delivered_total{kind}`` (frames written to this
-  replica's listen streams), ``mcpfleet_events_dropped_total{reason}``
-  (``redis``: a publish Redis did not take within the deadline; ``slow``: a
+  updates, ``task`` status changes), ``mcpfleet_events_delivered_total{kind}``
+  (frames written to this replica's listen streams), ``mcpfleet_events_dropped_total{reason}``
+  (``redis``: a publish Redis did not take within the deadline, or a task's
+  status a stream could not read within the tasks deadline; ``slow``: a
   stream ended at its buffer's bound; ``malformed``: a frame on the channel
   that is not an event), and ``mcpfleet_events_fanout_seconds`` (from an
   event's publication, on any replica, to its arrival here).

@@ -70,6 +70,7 @@ from mcpfleet.sigterm import SigtermFirstServer
 from mcpfleet.tasks import (
     FleetTasks,
     RingSnapshotCodec,
+    TaskReader,
     fleet_queue_of,
     has_tasks_extension,
     wire_tasks,
@@ -115,11 +116,15 @@ class Replica:
             RedisKeys(config.fleet).events,
             deadline=config.redis_deadline,
             observer=self.metrics,
+            max_streams=config.listen_streams,
         )
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
         self.tasks: FleetTasks | None = self._wire_tasks()
         if self.tasks is not None:
             self.metrics.enable_tasks(self.tasks.busy)
+            # Task status as notifications/tasks: announced here, read by the owner's streams.
+            self.tasks.on_status = self.notify.task_status
+            self.notify.read_tasks(TaskReader(self.mcp_app, config.tasks_deadline))
         # Standalone, once-flows claim in this process; with Redis, fleet-wide (lifespan).
         self._install_ledger(MemoryLedger())
         self.publisher: Publisher | None = None

@@ -33,8 +33,9 @@ random bytes, and it is stored under its creator's scope (client id and
 The package, by seam: where the queue lives (``_queue``), the snapshot codecs
 that scrub and seal what the engine stores (``_sealing``), one replica's side
 of the queue, its counts and its drain (``_fleet``), every replacement inside
-the engine beside its version gate (``_engine_hooks``), and the wiring of an
-app's extension (``_wire``). Importing it needs no ``fastmcp_tasks``: the
+the engine beside its version gate (``_engine_hooks``), a task's status changes
+announced and a task read for a listen stream (``_status``), and the wiring of
+an app's extension (``_wire``). Importing it needs no ``fastmcp_tasks``: the
 engine is imported when an app with a tasks extension is wired.
 """
 
@@ -49,6 +50,7 @@ from mcpfleet.tasks._fleet import (
 )
 from mcpfleet.tasks._queue import FleetQueue, fleet_queue, fleet_queue_of
 from mcpfleet.tasks._sealing import CREDENTIAL_HEADERS, RingSnapshotCodec, scrub_snapshot
+from mcpfleet.tasks._status import StatusHook, TaskReader
 from mcpfleet.tasks._wire import (
     TASKS_EXTENSION_ID,
     has_tasks_extension,
@@ -66,8 +68,10 @@ __all__ = [
     "FleetQueue",
     "FleetTasks",
     "RingSnapshotCodec",
+    "StatusHook",
     "TaskEvent",
     "TaskObserver",
+    "TaskReader",
     "TasksUnavailable",
     "bounded",
     "fleet_queue",

@@ -73,6 +73,7 @@ from mcpfleet.tasks._limits import prefix_of
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
 from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
 from mcpfleet.tasks._trace import forget_creator, leg_span
+from mcpfleet.tasks._status import announce, announce_settled
 
 T = TypeVar("T")
 
@@ -330,6 +331,8 @@ async def _observed_leg(
     task = asyncio.current_task()
     if fleet is not None and task is not None:
         fleet.running.add(task)
+    if fleet is not None:
+        await announce(fleet.on_status, "working")
     asked: list[bool] = []
     token = _ASKED.set(asked)
     try:
@@ -340,6 +343,7 @@ async def _observed_leg(
         tracing.note("mcpfleet.task.outcome", "failed")
         if fleet is not None:
             fleet.event(tool_name, "failed")
+            announce_settled(fleet.on_status, "failed")
             await fleet.unledger_current()
         raise
     finally:
@@ -348,6 +352,7 @@ async def _observed_leg(
     tracing.note("mcpfleet.task.outcome", ended)
     if fleet is not None:
         fleet.event(tool_name, ended)
+        announce_settled(fleet.on_status, "input_required" if asked else "completed")
         if not asked:
             await fleet.unledger_current()
     return result
@@ -377,6 +382,7 @@ def _replace_mark_cancelled(hooks: EngineHooks) -> None:
             except Exception:  # counted all the same, under "other"
                 pass
             fleet.event(tool, "cancelled")
+            await announce(fleet.on_status, "cancelled", task_id)
             await fleet.unledger(docket, task_scope, task_id)
         return result
 
@@ -401,6 +407,7 @@ def _replace_restore_snapshot(hooks: EngineHooks) -> None:
             fleet = hooks.fleet
             if fleet is not None:
                 fleet.event(tool_of_key(str(key)), "failed")
+                announce_settled(fleet.on_status, "failed")
                 await fleet.unledger_key(str(key))
             raise
 

@@ -29,6 +29,7 @@ from mcpfleet.tasks._limits import (
 )
 from mcpfleet.tasks._queue import FleetQueue
 from mcpfleet.tasks._sealing import RingSnapshotCodec, task_member
+from mcpfleet.tasks._status import StatusHook
 
 log = logging.getLogger("mcpfleet.tasks")
 
@@ -100,6 +101,8 @@ class FleetTasks:
         #: Sentinel only); None before the first. At 0 a creation does not wait.
         self.replicas_seen: int | None = None
         self._unreplicated_reason = ""
+        #: Told each status change of a task seen here (:mod:`._status`); set by the replica.
+        self.on_status: StatusHook | None = None
 
     def event(self, tool: str, event: TaskEvent) -> None:
         if self._observe is None:

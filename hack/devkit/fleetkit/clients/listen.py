@@ -68,12 +68,14 @@ class Listener:
         return out
 
 
-def listen_body(request_id: int, **notifications: Any) -> dict[str, Any]:
+def listen_body(
+    request_id: int, meta: dict[str, Any] | None = None, **notifications: Any
+) -> dict[str, Any]:
     return {
         "jsonrpc": "2.0",
         "id": request_id,
         "method": "subscriptions/listen",
-        "params": {"notifications": notifications, "_meta": MODERN_META},
+        "params": {"notifications": notifications, "_meta": meta or MODERN_META},
     }
 
 
@@ -99,16 +101,27 @@ async def _read(resp: httpx.Response, listener: Listener) -> None:
 
 @contextlib.asynccontextmanager
 async def listening(
-    http: httpx.AsyncClient, url: str, request_id: int, **notifications: Any
+    http: httpx.AsyncClient,
+    url: str,
+    request_id: int,
+    *,
+    token: str | None = None,
+    meta: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    **notifications: Any,
 ) -> AsyncIterator[Listener]:
-    """Open a listen stream at ``url``; it is read in the background until the block ends."""
+    """Open a listen stream at ``url`` (as the bearer of ``token``, with ``meta`` as the
+    request's ``_meta``); it is read in the background until the block ends."""
     listener = Listener(request_id)
-    body = json.dumps(listen_body(request_id, **notifications))
+    body = json.dumps(listen_body(request_id, meta, **notifications))
+    headers = {**HEADERS, **(headers or {})}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
     ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run() -> None:
         try:
-            async with http.stream("POST", url, content=body, headers=HEADERS) as resp:
+            async with http.stream("POST", url, content=body, headers=headers) as resp:
                 listener.status = resp.status_code
                 listener.replica = resp.headers.get("x-mcpfleet-replica")
                 ready.set_result(None)

@@ -37,7 +37,9 @@ GROUP, VERSION = "mcpfleet.dev", "v1alpha1"
 
 #: Test releases run without limits per principal (every test client comes through
 #: one port-forward: one principal); a test of the limits sets its own values.
-NO_LIMITS_VALUES: dict[str, Any] = {"server": {"limits": {"sessions": 0, "rounds": {"rate": 0}}}}
+NO_LIMITS_VALUES: dict[str, Any] = {
+    "server": {"limits": {"sessions": 0, "listen": 0, "rounds": {"rate": 0}}}
+}
 
 
 @dataclass
