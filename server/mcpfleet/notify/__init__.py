@@ -10,7 +10,12 @@ app:
 * a :class:`FleetBus` (:mod:`mcpfleet.notify._bus`), the SDK's
   ``SubscriptionBus`` seam over the fleet's pub/sub channel in Redis, so an
   event published on any replica reaches every matching stream on every one;
-* the list changes FastMCP announces, published on that bus.
+* the list changes FastMCP announces, published on that bus;
+* for handshake-era sessions (:mod:`mcpfleet.notify._sessions`,
+  :mod:`mcpfleet.notify._eventstore`, :mod:`mcpfleet.notify._resume`):
+  ``resources/subscribe``, the fleet's events on each session's GET stream,
+  and SSE streams that resume with ``Last-Event-ID`` from an event store in
+  the fleet's Redis.
 
 For app code, :func:`publish_resource_updated` and :func:`publish_list_changed`
 (exported from ``mcpfleet``) publish an event from anywhere: a tool, a
@@ -32,6 +37,7 @@ from mcp.shared.subscriptions import (
 )
 
 from mcpfleet.notify._bus import DROP_REASONS, KINDS, MAX_URI, BusObserver, FleetBus, kind_of
+from mcpfleet.notify._eventstore import EVENT_TTL, EVENTS_PER_STREAM, RETRY_MS, RedisEventStore
 from mcpfleet.notify._listen import (
     BUFFERED_EVENTS,
     MAX_STREAMS,
@@ -39,20 +45,29 @@ from mcpfleet.notify._listen import (
     StreamObserver,
     install_listen,
 )
+from mcpfleet.notify._resume import prime_by_session
+from mcpfleet.notify._sessions import HandshakeSessions, install_sessions
 
 __all__ = [
     "BUFFERED_EVENTS",
     "DROP_REASONS",
+    "EVENTS_PER_STREAM",
+    "EVENT_TTL",
     "KINDS",
     "MAX_STREAMS",
+    "RETRY_MS",
     "BusObserver",
     "FleetBus",
+    "HandshakeSessions",
     "ListenStreams",
     "Notifications",
+    "RedisEventStore",
     "StreamObserver",
     "install_listen",
     "install_notifications",
+    "install_sessions",
     "kind_of",
+    "prime_by_session",
     "publish_list_changed",
     "publish_resource_updated",
     "set_bus",
