@@ -131,6 +131,7 @@ class RedisEventStore(EventStore):
         observer: StoreObserver,
         events: int = EVENTS_PER_STREAM,
         ttl: float = EVENT_TTL,
+        backoff: float = BACKOFF,
     ) -> None:
         if events < 1 or ttl <= 0:
             raise ValueError("an event store keeps at least one event for a positive time")
@@ -139,6 +140,7 @@ class RedisEventStore(EventStore):
         self.observer = observer
         self.events = events
         self.ttl_ms = int(ttl * 1000)
+        self.backoff = backoff
         self._redis: Any = None
         #: Until when (monotonic) writes are not tried, after a failed one.
         self._quiet_until = 0.0
@@ -167,7 +169,7 @@ class RedisEventStore(EventStore):
                     _STORE, 1, self.keys.sse(name), self.events, self.ttl_ms, stream_id, body
                 )
         except Exception as exc:  # any driver's error, or the deadline
-            self._quiet_until = time.monotonic() + BACKOFF
+            self._quiet_until = time.monotonic() + self.backoff
             self.observer.dropped("store")
             log.warning("sse: an event was not stored (%s); not resumable", type(exc).__name__)
             return ""
