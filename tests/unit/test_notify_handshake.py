@@ -18,7 +18,7 @@ from mcp_types import JSONRPCRequest, SubscribeRequestParams, UnsubscribeRequest
 from mcpfleet.contract import RedisKeys
 from mcpfleet.notify import FleetBus, RedisEventStore, install_sessions
 from mcpfleet.notify._bus import MAX_URI
-from mcpfleet.notify._eventstore import BACKOFF, digest, parse_event_id
+from mcpfleet.notify._eventstore import BACKOFF, MAX_STORED, digest, parse_event_id
 from mcpfleet.notify._resume import SessionPrimedTransport, _sent_already, prime_by_session
 from mcpfleet.notify._sessions import BUFFERED_EVENTS, MAX_SUBSCRIPTIONS, HandshakeSessions
 
@@ -212,3 +212,13 @@ async def test_every_new_session_of_the_app_gets_the_primed_transport() -> None:
         assert type(transport) is SessionPrimedTransport
         assert isinstance(transport, StreamableHTTPServerTransport)
     assert not prime_by_session(object())
+
+
+async def test_a_message_over_the_stored_size_goes_out_without_an_id_and_never_to_redis() -> None:
+    counts = Counts()
+    store = RedisEventStore(RedisKeys("t"), deadline=1, observer=counts)
+    redis = FailingRedis()
+    store.attach(redis)
+    big = JSONRPCRequest(jsonrpc="2.0", id=1, method="x" * MAX_STORED)
+    assert await store.store_event("s", big) == ""
+    assert redis.calls == 0 and counts.seen["dropped", "store"] == 1

@@ -14,6 +14,8 @@ id), bounded two ways, both in one Lua script per write on that one key (a
 Cluster's single slot):
 
 * by count: ``XADD ... MAXLEN`` keeps the last :data:`EVENTS_PER_STREAM`;
+* by size: a message over :data:`MAX_STORED` is not stored (it goes out live
+  without an id, counted ``store``): a large answer is not kept in Redis;
 * in time: entries older than :data:`EVENT_TTL` are trimmed (``XTRIM MINID``)
   at every write, a stream expires that long after its last write, and a
   replay from an id older than that finds nothing.
@@ -62,6 +64,8 @@ EVENTS_PER_STREAM: Final = 1000
 EVENT_TTL: Final = 600
 #: Milliseconds a client waits before it reconnects a cut stream (the SSE ``retry`` field).
 RETRY_MS: Final = 1000
+#: Largest message stored (bytes of JSON); a larger one goes out live without an id.
+MAX_STORED: Final = 256 * 1024
 #: Longest ``Last-Event-ID`` looked at.
 MAX_EVENT_ID: Final = 96
 #: Seconds after a failed write during which events are not stored (Redis is not
@@ -163,6 +167,9 @@ class RedisEventStore(EventStore):
             return ""
         name = digest(stream_id)
         body = "" if message is None else message.model_dump_json(by_alias=True, exclude_unset=True)
+        if len(body) > MAX_STORED:
+            self.observer.dropped("store")
+            return ""
         try:
             async with asyncio.timeout(self.deadline):
                 entry = await client.eval(
