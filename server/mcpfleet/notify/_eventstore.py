@@ -26,7 +26,8 @@ before Redis is asked. A replay from an id that is gone (trimmed, expired) or
 unknown replays nothing: the SDK then answers the GET with an empty stream;
 nothing already delivered is repeated and nothing is invented.
 
-Redis away or slower than the deadline: a write is not stored, logged and
+Redis away or slower than the deadline (the Redis deadline, at most
+:data:`STORE_WAIT`): a write is not stored, logged and
 counted (``mcpfleet_events_dropped_total{reason="store"}``), and for
 :data:`BACKOFF` seconds after it no write is tried (each would make its
 message wait out the deadline): those events go out live without an id
@@ -68,6 +69,10 @@ RETRY_MS: Final = 1000
 MAX_STORED: Final = 256 * 1024
 #: Longest ``Last-Event-ID`` looked at.
 MAX_EVENT_ID: Final = 96
+#: Seconds a write or a replay waits for Redis at most (under the Redis deadline): a
+#: stream's first event waits for its priming event's write, so an outage costs each
+#: new stream this much once per :data:`BACKOFF`, not the whole Redis deadline.
+STORE_WAIT: Final = 0.25
 #: Seconds after a failed write during which events are not stored (Redis is not
 #: asked, and no message waits out the deadline again until then).
 BACKOFF: Final = 1.0
@@ -140,7 +145,7 @@ class RedisEventStore(EventStore):
         if events < 1 or ttl <= 0:
             raise ValueError("an event store keeps at least one event for a positive time")
         self.keys = keys
-        self.deadline = deadline
+        self.deadline = min(deadline, STORE_WAIT)
         self.observer = observer
         self.events = events
         self.ttl_ms = int(ttl * 1000)
