@@ -222,3 +222,13 @@ async def test_a_message_over_the_stored_size_goes_out_without_an_id_and_never_t
     big = JSONRPCRequest(jsonrpc="2.0", id=1, method="x" * MAX_STORED)
     assert await store.store_event("s", big) == ""
     assert redis.calls == 0 and counts.seen["dropped", "store"] == 1
+
+
+async def test_on_an_untested_mcp_the_transport_is_left_as_mcp_made_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app: FastMCP[Any] = FastMCP("untested-mcp")
+    http_app = app.http_app(path="/mcp")
+    monkeypatch.setattr("mcpfleet.notify._resume.importlib.metadata.version", lambda _: "2.99.0")
+    async with http_app.router.lifespan_context(http_app):
+        assert not prime_by_session(http_app)

@@ -32,6 +32,7 @@ was sent in between.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from typing import Any
 
@@ -61,6 +62,11 @@ from mcpfleet.notify._eventstore import parse_event_id
 
 log = logging.getLogger("mcpfleet.notify")
 
+
+#: ``mcp`` ``major.minor`` versions whose transport internals (every method replaced
+#: below, and the session manager's ``_admit_session``) :func:`prime_by_session` was
+#: tested on; on any other, mcp's own transport serves (no replacement).
+TESTED_MCP = ("2.3",)
 
 #: The first version whose clients parse a priming event (mcp's rule).
 PRIMED_FROM = "2025-11-25"
@@ -217,9 +223,14 @@ def prime_by_session(http_app: Any) -> bool:
     """Make each new session of ``http_app``'s transport a :class:`SessionPrimedTransport`.
 
     Called once the app's lifespan started (its session manager exists).
-    False, logged, when the manager is not where FastMCP 4.2 keeps it: priming
-    then follows each request's header, as mcp's does.
+    False, logged, on an ``mcp`` not in :data:`TESTED_MCP` or when the manager is
+    not where FastMCP 4.2 keeps it: mcp's own transport serves (priming by each
+    request's header, and its resume with the window this module closes).
     """
+    version = importlib.metadata.version("mcp")
+    if ".".join(version.split(".")[:2]) not in TESTED_MCP:
+        log.warning("sse: mcp %s is not a version mcpfleet's resume is tested on", version)
+        return False
     manager = _session_manager(http_app)
     admit = getattr(manager, "_admit_session", None)
     if admit is None:
