@@ -335,3 +335,33 @@ async def test_redis_stopped_a_session_gets_its_answers_without_ids_within_the_d
 
     loop = asyncio.get_running_loop()
     await asyncio.to_thread(wait_for, stored_again, timeout=10, what="ids once Redis is back")
+
+
+async def test_the_owner_killed_a_resume_gets_the_404_and_its_events_expire_unread(
+    own_fleet: LocalFleet, http: httpx.AsyncClient
+) -> None:
+    """The session's owner SIGKILLed: the client's resume through the router gets the
+    owner-gone 404 (it initializes again); the events its stream stored stay in Redis
+    only until their TTL."""
+    lf = own_fleet
+    s = await session(http, lf.url, "memo://gone")
+    other = next(url for name, url in replica_urls(lf).items() if name != s.replica)
+    async with get_stream(http, s) as first:
+        await first.next(BOUND)
+        await touch(other, "memo://gone")
+        await first.next_message(BOUND)
+        resume_from = first.last_id
+        owner = lf.members[s.replica].proc
+        owner.signal(signal.SIGKILL)
+        assert owner.wait(10) is not None
+    assert resume_from is not None
+    async with get_stream(http, s, resume_from) as resumed:
+        assert resumed.status == 404, resumed.status
+    parsed = parse_event_id(resume_from)
+    assert parsed is not None
+    client = connect(lf.redis_url)
+    try:
+        ttl = await client.pttl(RedisKeys(lf.fleet).sse(parsed[0]))
+    finally:
+        await client.aclose()
+    assert 0 < ttl <= 600_000, ttl
