@@ -187,6 +187,14 @@ class RedisKeys:
         ``subscriptions/listen`` streams. A channel, not a key: nothing is stored."""
         return f"{self.prefix}:events"
 
+    def sse(self, stream: str) -> str:
+        """The stored events of one handshake-era SSE stream (:mod:`mcpfleet.notify`),
+        named by a digest of the transport's stream id: a Redis stream of the
+        JSON-RPC messages the owner sent on it, so a cut stream resumes with
+        ``Last-Event-ID``. Bounded by count and age; expires after its last event.
+        Apps' messages (tool results, notifications), never a key or a credential."""
+        return f"{self.prefix}:sse:{stream}"
+
     def task_seals(self, kid: str) -> str:
         """The ledger of live MCP tasks whose stored snapshot key ``kid`` sealed
         (``--tasks-encrypt``, :mod:`mcpfleet.tasks`): a sorted set, one member per
@@ -239,7 +247,9 @@ class RedisKeys:
           cancellations, which Redis matches as written); a fleet whose app
           has no tasks never sends them. The fleet's events
           (:mod:`mcpfleet.notify`): a selector allowing PUBLISH, SUBSCRIBE and
-          UNSUBSCRIBE on the :attr:`events` channel only.
+          UNSUBSCRIBE on the :attr:`events` channel only. The SSE event store
+          (:mod:`mcpfleet.notify`): a selector allowing its Lua scripts (EVAL of
+          XADD, XTRIM, PEXPIRE, TIME, XRANGE) on the :meth:`sse` keys only.
         * ``router`` (:mod:`mcpfleet.router.table`): the session keys,
           read and write (with ``--rehome-sessions`` also their ``init``,
           ``lost`` and ``moving`` records under the same pattern, with the
@@ -302,7 +312,12 @@ class RedisKeys:
             selector[-1] += ")"
             # The fleet's events: publish and read the one channel, nothing else.
             events = [f"(&{self.events}", "+publish", "+subscribe", "+unsubscribe)"]
-            return [*base, *keys, *(f"+{c}" for c in commands), *selector, *limits, *events]
+            # The SSE event store: its two scripts, on its streams only.
+            sse = [f"(~{self.sse('*')}", *(f"+{c}" for c in SSE_COMMANDS)]
+            sse[-1] += ")"
+            return [
+                *base, *keys, *(f"+{c}" for c in commands), *selector, *limits, *events, *sse
+            ]  # fmt: skip
         elif component == "router":
             keys = [f"~{self.prefix}:session:*", f"%R~{registry}", f"%R~{records}"]
             # registry: SMEMBERS, MGET; sessions: GET, SET (PX, NX), PEXPIRE, DEL;
@@ -322,6 +337,10 @@ LIMIT_COMMANDS: tuple[str, ...] = (
     "eval", "time", "get", "set", "zadd", "zrem", "zremrangebyscore", "zscore", "zcard",
     "zrange", "pexpire",
 )  # fmt: skip
+
+#: What the SSE event store sends (:mod:`mcpfleet.notify._eventstore`), on its keys
+#: only: EVAL of its two scripts, and what they call.
+SSE_COMMANDS: tuple[str, ...] = ("eval", "xadd", "xtrim", "pexpire", "time", "xrange")
 
 #: What the MCP task queue (pydocket, under FastMCP's tasks engine) sends, on
 #: its own keys and channels only (:attr:`RedisKeys.tasks`): its streams

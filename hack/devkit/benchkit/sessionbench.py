@@ -149,7 +149,7 @@ async def start_elicitation(http: aiohttp.ClientSession, url: str, held: Held) -
     resp = await http.post(url, data=json.dumps(call), headers=_session_headers(held.session))
     assert resp.status == 200, resp.status
     async for line in resp.content:
-        if line.startswith(b"data:"):
+        if line.startswith(b"data:") and line[5:].strip():  # not a priming event
             msg = json.loads(line[5:])
             if msg.get("method") == "elicitation/create":
                 held.stream, held.elicitation_id = resp, msg["id"]

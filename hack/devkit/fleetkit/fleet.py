@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import redis
 
+import mcpfleet
 from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
@@ -29,6 +30,9 @@ from mcpfleet.keys.ring import KeyRing
 
 #: The import root of fleetkit and benchkit (hack/devkit/).
 DEVKIT_DIR = Path(__file__).resolve().parents[1]
+#: The source root of the ``mcpfleet`` these tests import: the processes they start
+#: import the same one (a worktree's, not whatever an editable install points at).
+SERVER_ROOT = Path(mcpfleet.__file__).resolve().parents[1]
 
 F = TypeVar("F", bound=LocalFleet)
 
@@ -138,9 +142,9 @@ class FleetOptions:
     """What every backend's fleet is made of, whichever backend runs it.
 
     ``app`` may also name a test app in ``hack/devkit/fleetkit``: hack/devkit/ is on
-    the replicas' ``PYTHONPATH``. ``env`` adds to every process's environment (its
-    ``PYTHONPATH`` goes after hack/devkit/, the test process's after both).
-    ``port``: the first router's (default: free).
+    the replicas' ``PYTHONPATH``, and so is the source root of the ``mcpfleet`` the
+    caller imported. ``env`` adds to every process's environment (its ``PYTHONPATH``
+    goes after those two). ``port``: the first router's (default: free).
     """
 
     replicas: int = 3
@@ -165,9 +169,8 @@ class FleetOptions:
         inherited = [
             os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
         ]
-        path = os.pathsep.join(
-            p for p in (str(DEVKIT_DIR), self.env.get("PYTHONPATH"), *inherited) if p
-        )
+        roots = (str(DEVKIT_DIR), str(SERVER_ROOT), self.env.get("PYTHONPATH"), *inherited)
+        path = os.pathsep.join(p for p in roots if p)
         return {
             "replicas": self.replicas,
             "routers": self.routers,

@@ -17,14 +17,16 @@ sampling request.
 
 Run it with ``mcpfleet dev --app mcpfleet.example.conformance:app``.
 
-What the installed fastmcp does not offer, and so this app does not fake:
+What the installed fastmcp does not offer, the replica runtime adds for any
+app, and this app writes nothing for it (docs/notifications.md):
 
 * ``resources/subscribe`` / ``resources/unsubscribe``: FastMCP has no public
-  hook for them (the server advertises ``subscribe: false``);
-* SSE polling (``test_reconnection``): ``ctx.close_sse_stream()`` only closes
-  the stream when the HTTP app was built with an event store, which the
-  replica's transport is not; the tool calls it anyway and answers on the
-  open stream.
+  hook for them; the replica serves them (:mod:`mcpfleet.notify`);
+* SSE polling (``test_reconnection``): ``ctx.close_sse_stream()`` closes the
+  stream only when the HTTP app has an event store; a replica with Redis has
+  one (in the fleet's Redis), so the stream closes, and the client resumes
+  it with ``Last-Event-ID`` and gets the answer there. A standalone replica
+  has none: the tool answers on the open stream.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ app:
 * for an app with MCP tasks, each task's status changes as
   ``notifications/tasks`` to the streams of its owner that named it
   (:mod:`mcpfleet.notify._taskstatus`).
+* for handshake-era sessions (:mod:`mcpfleet.notify._sessions`,
+  :mod:`mcpfleet.notify._eventstore`, :mod:`mcpfleet.notify._resume`):
+  ``resources/subscribe``, the fleet's events on each session's GET stream,
+  and SSE streams that resume with ``Last-Event-ID`` from an event store in
+  the fleet's Redis.
 
 For app code, :func:`publish_resource_updated` and :func:`publish_list_changed`
 (exported from ``mcpfleet``) publish an event from anywhere: a tool, a
@@ -43,6 +48,7 @@ from mcpfleet.notify._bus import (
     FleetEvent,
     kind_of,
 )
+from mcpfleet.notify._eventstore import EVENT_TTL, EVENTS_PER_STREAM, RETRY_MS, RedisEventStore
 from mcpfleet.notify._listen import (
     BUFFERED_EVENTS,
     MAX_STREAMS,
@@ -50,24 +56,33 @@ from mcpfleet.notify._listen import (
     StreamObserver,
     install_listen,
 )
+from mcpfleet.notify._resume import prime_by_session
+from mcpfleet.notify._sessions import HandshakeSessions, install_sessions
 from mcpfleet.notify._taskstatus import TaskLookup, TaskStatusChanged
 
 __all__ = [
     "BUFFERED_EVENTS",
     "DROP_REASONS",
+    "EVENTS_PER_STREAM",
+    "EVENT_TTL",
     "KINDS",
     "MAX_STREAMS",
+    "RETRY_MS",
     "BusObserver",
     "FleetBus",
     "FleetEvent",
+    "HandshakeSessions",
     "ListenStreams",
     "Notifications",
+    "RedisEventStore",
     "StreamObserver",
     "TaskLookup",
     "TaskStatusChanged",
     "install_listen",
     "install_notifications",
+    "install_sessions",
     "kind_of",
+    "prime_by_session",
     "publish_list_changed",
     "publish_resource_updated",
     "set_bus",

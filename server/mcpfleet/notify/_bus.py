@@ -51,8 +51,9 @@ FleetEvent = ServerEvent | TaskStatusChanged
 #: The kinds of event, as metrics label them and the wire names them.
 KINDS: Final = ("tools", "prompts", "resources", "resource", "task")
 #: Why an event did not reach a stream: Redis did not take it within the deadline,
-#: a stream's buffer was full (the stream is ended), or a frame was not one of ours.
-DROP_REASONS: Final = ("redis", "slow", "malformed")
+#: a stream's buffer was full (the stream is ended), a frame was not one of ours,
+#: or an SSE event was not stored for resumption (:mod:`mcpfleet.notify._eventstore`).
+DROP_REASONS: Final = ("redis", "slow", "malformed", "store")
 
 #: Longest URI a ``resources/updated`` event carries (a bound on a frame's size).
 MAX_URI: Final = 4096

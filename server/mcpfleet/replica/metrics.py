@@ -50,11 +50,13 @@ in the same registry and served on the same ``/metrics``):
   ``mcpfleet_events_published_total{kind}`` (events this replica put on the
   fleet's bus: ``tools``, ``prompts``, ``resources`` list changes, ``resource``
   updates, ``task`` status changes), ``mcpfleet_events_delivered_total{kind}``
-  (frames written to this replica's listen streams), ``mcpfleet_events_dropped_total{reason}``
-  (``redis``: a publish Redis did not take within the deadline, or a task's
-  status a stream could not read within the tasks deadline; ``slow``: a
-  stream ended at its buffer's bound; ``malformed``: a frame on the channel
-  that is not an event), and ``mcpfleet_events_fanout_seconds`` (from an
+  (frames written to this replica's listen streams and handshake sessions),
+  ``mcpfleet_events_dropped_total{reason}`` (``redis``: a publish Redis did
+  not take within the deadline, or a task's status a stream could not read
+  within the tasks deadline; ``slow``: a stream ended at its buffer's bound, or
+  an event dropped for a handshake session past its queue; ``malformed``: a
+  frame on the channel that is not an event; ``store``: an SSE event not stored
+  for resumption), and ``mcpfleet_events_fanout_seconds`` (from an
   event's publication, on any replica, to its arrival here).
 
 Gauges that mirror state (sessions, the ring) are read at scrape time by
@@ -306,14 +308,15 @@ class ReplicaMetrics:
         )
         self.events_delivered = Counter(
             "mcpfleet_events_delivered",
-            "Event frames written to this replica's listen streams, by kind.",
+            "Events written to this replica's listen streams and handshake sessions, by kind.",
             ["kind"],
             registry=r,
         )
         self.events_dropped = Counter(
             "mcpfleet_events_dropped",
             "Events lost here, by reason (redis: not published within the deadline; slow: a"
-            " stream ended at its buffer's bound; malformed: not an event).",
+            " stream ended at its buffer's bound, or a session's queue full; malformed: not an"
+            " event; store: an SSE event not stored for resumption).",
             ["reason"],
             registry=r,
         )

@@ -53,7 +53,13 @@ from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
-from mcpfleet.notify import install_notifications
+from mcpfleet.notify import (
+    RETRY_MS,
+    RedisEventStore,
+    install_notifications,
+    install_sessions,
+    prime_by_session,
+)
 from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import DirectCommands, check_version, parse_url, redact_url
@@ -118,6 +124,14 @@ class Replica:
             observer=self.metrics,
             max_streams=config.listen_streams,
         )
+        # Handshake sessions: resources/subscribe, the fleet's events on their GET
+        # streams, and SSE streams resumable from the fleet's Redis (mcpfleet.notify).
+        self.sessions = install_sessions(self.mcp_app, self.notify.bus, self.metrics)
+        self.event_store: RedisEventStore | None = None
+        if config.redis_url:
+            self.event_store = RedisEventStore(
+                RedisKeys(config.fleet), deadline=config.redis_deadline, observer=self.metrics
+            )
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
         self.tasks: FleetTasks | None = self._wire_tasks()
         if self.tasks is not None:
@@ -147,7 +161,8 @@ class Replica:
     def _asgi_stack(self) -> ASGIApp:
         """The app as the replica serves it: both response modes, the Host/Origin guard,
         the trace (when on) and the gate in front."""
-        inner: ASGIApp = self._http_app(json_response=None)
+        self.http_main = self._http_app(json_response=None)
+        inner: ASGIApp = self.http_main
         if self.config.response_mode == "auto":
             self.json_app = self._http_app(json_response=True)
             inner = ResponseModes(inner, self.json_app, MCP_PATH)
@@ -203,9 +218,13 @@ class Replica:
             anonymous=config.anonymous_principal,
             observer=self.metrics,
         )
+        # SSE streams with ids, a priming event and a retry field (not the JSON app's).
+        store = self.event_store if json_response is None else None
         return self.mcp_app.http_app(
             path=MCP_PATH,
             json_response=json_response,
+            event_store=store,
+            retry_interval=RETRY_MS if store is not None else None,
             # The replica forgets an idle session when the router's route expires.
             session_idle_timeout=config.session_idle,
             # The Host/Origin guard is in front of both apps, once (KeptHostGuard).
@@ -252,6 +271,9 @@ class Replica:
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
+        if self.event_store is not None:
+            # The app's session manager exists now (its lifespan started first).
+            prime_by_session(self.http_main)
         async with contextlib.AsyncExitStack() as stack:
             if self.json_app is not None:
                 # Its session manager (modern rounds only: no sessions) runs beside the
@@ -291,6 +313,9 @@ class Replica:
             # Results of once-flows answered just before shutdown reach the ledger first.
             await settle_once()
             self.redis = None
+            self.sessions.close()
+            if self.event_store is not None:
+                self.event_store.detach()
             if direct is not None:
                 await direct.aclose()
             if client is not None and self.publisher is not None:
@@ -337,6 +362,8 @@ class Replica:
         )
         tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
         tasks.append(asyncio.create_task(self.notify.serve(client), name="events"))
+        if self.event_store is not None:
+            self.event_store.attach(client)
         if self.tasks is not None:
             watch = self.tasks.watch_queue(
                 client,

@@ -149,7 +149,8 @@ async def _read_call(resp: httpx.Response, asked: asyncio.Future[Any]) -> None:
     """Read a call's SSE stream to its end; ``asked`` gets the elicitation's id."""
     try:
         async for line in resp.aiter_lines():
-            if not line.startswith("data:") or asked.done():
+            # A priming event (an id, empty data: a replica with an event store) says nothing.
+            if not line.startswith("data:") or not line[5:].strip() or asked.done():
                 continue
             msg = json.loads(line[5:])
             if isinstance(msg, dict) and msg.get("method") == "elicitation/create":
