@@ -51,7 +51,8 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from mcpfleet.notify._bus import MAX_URI, FleetBus, kind_of, log
+from mcpfleet.notify._bus import MAX_URI, FleetBus, FleetEvent, kind_of, log
+from mcpfleet.notify._taskstatus import TaskStatusChanged
 
 #: Events one session may hold unsent; past it an event is dropped for it (``slow``).
 BUFFERED_EVENTS: Final = 256
@@ -189,8 +190,12 @@ class HandshakeSessions:
 
     # --- the bus listener -----------------------------------------------------------------
 
-    def deliver(self, event: ServerEvent) -> None:
-        """Queue ``event`` for every session here that hears it (synchronous: the bus's)."""
+    def deliver(self, event: FleetEvent) -> None:
+        """Queue ``event`` for every session here that hears it (synchronous: the bus's).
+        A task's status is for modern listen streams only: handshake sessions never
+        hear it."""
+        if isinstance(event, TaskStatusChanged):
+            return
         uri = event.uri if isinstance(event, ResourceUpdated) else None
         for session in list(self._sessions.values()):
             if uri is not None and uri not in session.uris:

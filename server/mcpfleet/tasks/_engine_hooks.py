@@ -72,8 +72,8 @@ from mcpfleet.tasks._fleet import FleetTasks, TaskEvent, tool_of_key
 from mcpfleet.tasks._limits import prefix_of
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
 from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
-from mcpfleet.tasks._trace import forget_creator, leg_span
 from mcpfleet.tasks._status import announce, announce_settled
+from mcpfleet.tasks._trace import forget_creator, leg_span
 
 T = TypeVar("T")
 
