@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from fleetkit import scenarios
+from fleetkit.clients.listen import listening
 from fleetkit.clients.rawsession import bounded, open_sessions
 from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet, ready
@@ -30,6 +31,7 @@ from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
 from mcpfleet.client import Trace, connect
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
+from mcpfleet.example.app import WEEKLY_REPORT
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -112,6 +114,37 @@ async def test_the_router_service_answers_both_eras_from_this_machine(release: C
         release.url, headers={"host": "attacker.example"}, content=b"{}", timeout=10
     )
     assert refused.status_code in (403, 421), refused.status_code
+
+
+async def test_a_listen_stream_through_the_router_hears_a_change_made_on_another_replica(
+    release: ChartFleet,
+) -> None:
+    """Listen streams opened through the router Service until they sit on two replicas,
+    each subscribed to the example app's ``report://weekly``; a task created through the
+    router: every stream gets one ``resources/updated``, so at least one got it from a
+    replica other than the one whose tool call published it."""
+    timeout = httpx.Timeout(10, read=None)
+    async with httpx.AsyncClient(timeout=timeout) as http, contextlib.AsyncExitStack() as stack:
+        streams = []
+        for i in range(12):
+            listener = await stack.enter_async_context(
+                listening(http, release.url, 100 + i, resourceSubscriptions=[WEEKLY_REPORT])
+            )
+            ack = await listener.next_event(30)
+            assert ack.method == "notifications/subscriptions/acknowledged", ack.message
+            streams.append(listener)
+            if i >= 3 and len({s.replica for s in streams}) >= 2:
+                break
+        replicas = {s.replica for s in streams}
+        assert len(replicas) >= 2 and None not in replicas, replicas
+        async with connect(release.url, "modern") as client:
+            result = await client.call_tool("create_task", {"project": "e2e"})
+        assert str(result.data).startswith("Created"), result.data
+        for listener in streams:
+            frame = await listener.next_event(30)
+            assert frame.method == "notifications/resources/updated", frame.message
+            assert frame.message is not None
+            assert frame.message["params"]["uri"] == WEEKLY_REPORT
 
 
 async def test_helm_upgrade_rolls_the_replicas_with_no_failed_round(release: ChartFleet) -> None:

@@ -463,6 +463,12 @@ def main() -> None:
         " and at 1%% sampling (benchkit.tracecost)",
     )
     parser.add_argument(
+        "--listen-only",
+        action="store_true",
+        help="only the fan-out of notifications to 1,000 listen streams over 3 replicas"
+        " (benchkit.listenbench)",
+    )
+    parser.add_argument(
         "--answers-only",
         action="store_true",
         help="only the router's CPU per round for a 1 MiB answer beside a 1 KiB one"
@@ -493,6 +499,13 @@ def main() -> None:
         print(render(trace_cost_rows(args.quick)))
         print(f"\n{_took(started)}; {_load()}")
         return
+    if args.listen_only:
+        from benchkit.listenbench import listen_rows
+
+        print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        print(render(listen_rows(args.quick)))
+        print(f"\n{_took(started)}; {_load()}")
+        return
     if args.answers_only:
         from benchkit.answersize import answer_size_rows
 
@@ -515,6 +528,9 @@ def main() -> None:
         from benchkit.answersize import answer_size_rows
 
         rows += answer_size_rows(args.quick)
+        from benchkit.listenbench import listen_rows  # notifications to 1,000 listen streams
+
+        rows += listen_rows(args.quick)
     if not args.scale_only:
         from benchkit.oncebench import once_rows
 

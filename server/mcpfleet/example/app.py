@@ -7,6 +7,8 @@ mcpfleet's public API (:mod:`mcpfleet.guard`): on 2026-07-28 it returns an
 session it calls ``ctx.elicit`` and pauses in the replica that owns the session.
 The one-time actions (``book_flight``, ``confirm_purchase``) pass ``once=True``:
 their final round runs once per flow, fleet-wide, however often it is replayed.
+``create_task`` announces ``resources/updated`` for ``report://weekly`` to every
+listener of the fleet (:func:`mcpfleet.publish_resource_updated`).
 
 Run it with ``mcpfleet serve`` (the default ``--app``) or any FastMCP runner.
 """
@@ -22,7 +24,7 @@ from fastmcp import Context, FastMCP
 from mcp_types import InputRequiredResult
 from pydantic import BaseModel, Field
 
-from mcpfleet import Answers, Outcome, Question, ask_then, first_missing
+from mcpfleet import Answers, Outcome, Question, ask_then, first_missing, publish_resource_updated
 
 #: The app's name. `mcpfleet serve` replaces its request-state policy with one
 #: over the fleet's shared key ring and one audience for every replica
@@ -37,6 +39,7 @@ SEAT_PRICES = {"economy": 180, "premium": 420, "business": 1150}
 ROSTER = ["alice", "bob", "carol", "dave", "erin"]
 WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday"]
 TAGS = ["urgent", "finance", "legal", "draft", "internal", "customer"]
+WEEKLY_REPORT = "report://weekly"
 
 
 def _reference(*parts: object) -> str:
@@ -195,12 +198,16 @@ class TaskForm(BaseModel):
 async def create_task(
     project: Annotated[str, Field(min_length=1, max_length=80)], ctx: Context
 ) -> str | InputRequiredResult:
-    """Create a task in a project from a form the user fills in."""
+    """Create a task in a project from a form the user fills in. The weekly report
+    counts the tasks made, so a created task tells its listeners, on every replica,
+    that ``report://weekly`` changed."""
+    created: list[TaskForm] = []
 
     def finish(outcome: Outcome) -> str:
         if not outcome.done:
             return _stopped(outcome, "Task creation")
         task = TaskForm.model_validate(outcome.answers["task"])
+        created.append(task)
         due = f", due {task.due}" if task.due else ""
         notify = "notified" if task.notify else "not notified"
         return (
@@ -209,7 +216,10 @@ async def create_task(
         )
 
     question = Question("task", f"New task in {project}", TaskForm)
-    return await ask_then(ctx, first_missing([question]), finish)
+    answer = await ask_then(ctx, first_missing([question]), finish)
+    if created:
+        await publish_resource_updated(WEEKLY_REPORT)
+    return answer
 
 
 # --- a prompt and a resource that ask ----------------------------------------------------
@@ -229,7 +239,7 @@ async def draft_email(recipient: str, ctx: Context) -> str | InputRequiredResult
     return await ask_then(ctx, first_missing([question]), finish)
 
 
-@app.resource("report://weekly")
+@app.resource(WEEKLY_REPORT)
 async def weekly_report(ctx: Context) -> str | InputRequiredResult:
     """A weekly report; asks which team it is for."""
 
