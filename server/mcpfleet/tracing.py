@@ -138,9 +138,10 @@ def _install_sdk(service: str, instance: str) -> None:
 
 
 #: Span attributes other libraries set that carry what guards a resource (a task's
-#: execution key holds its task id: all that guards a task without auth). Each is
-#: replaced, as a span starts, by a digest that still tells spans of one key apart.
-REDACTED_ATTRIBUTES: Final = ("docket.key",)
+#: execution key holds its task id, FastMCP's ``mcp.session.id`` a handshake session's
+#: id: all that guards a task or a session without auth). Each is replaced, as a span
+#: starts, by a digest that still tells spans of one key apart.
+REDACTED_ATTRIBUTES: Final = ("docket.key", "mcp.session.id")
 
 
 def redacted(value: str) -> str:

@@ -247,6 +247,9 @@ SPANS_SCRIPT = """
     docket = trace.get_tracer("docket")
     with docket.start_as_current_span("docket.add", attributes={"docket.key": key}):
         pass
+    session = {"mcp.session.id": "SECRET-SESSION-ID", "mcp.method.name": "tools/call"}
+    with trace.get_tracer("fastmcp").start_as_current_span("tools/call x", attributes=session):
+        pass
     with tracing.linked_span("leg-alone", creator, a=1):
         current = trace.get_current_span().get_span_context().trace_id
         print("exemplar", tracing.exemplar()["trace_id"] == f"{current:032x}")
@@ -263,7 +266,7 @@ SPANS_SCRIPT = """
 """
 
 
-def test_a_leg_links_its_creation_exemplars_need_a_sampled_span_task_keys_are_redacted() -> None:
+def test_a_leg_links_its_creation_exemplars_need_a_sampled_span_keys_and_sessions_are_redacted() -> None:
     out = _run(SPANS_SCRIPT).splitlines()
     assert "exemplar True" in out and "unsampled None" in out
     spans = {
@@ -271,6 +274,9 @@ def test_a_leg_links_its_creation_exemplars_need_a_sampled_span_task_keys_are_re
     }
     assert "SECRET-TASK-ID" not in spans["docket.add"]
     assert "'docket.key': 'sha256:" in spans["docket.add"]
+    assert "SECRET-SESSION-ID" not in spans["tools/call"]
+    assert "'mcp.session.id': 'sha256:" in spans["tools/call"]
+    assert "'mcp.method.name': 'tools/call'" in spans["tools/call"]
     alone = spans["leg-alone"].split(maxsplit=4)
     assert alone[1:4] == [
         "CONSUMER",
