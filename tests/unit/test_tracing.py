@@ -266,7 +266,7 @@ SPANS_SCRIPT = """
 """
 
 
-def test_a_leg_links_its_creation_exemplars_need_a_sampled_span_keys_and_sessions_are_redacted() -> None:
+def test_leg_links_sampled_exemplars_and_task_keys_and_session_ids_redacted() -> None:
     out = _run(SPANS_SCRIPT).splitlines()
     assert "exemplar True" in out and "unsampled None" in out
     spans = {
