@@ -28,8 +28,8 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,32 +67,42 @@ def counted(
     return per_unit(before, command_calls(rclient), background, took, units)
 
 
-def once_paths(work: Path, flows: int) -> list[PathCost]:
-    """Commands per asking and per answer round, of a plain guard flow and a once-flow."""
+@contextmanager
+def _one_replica(
+    work: Path, fleet: str, app: str | None = None, *, limits: bool = False
+) -> Iterator[tuple[redis.Redis, str]]:
+    """A fleet of one replica (no router) serving ``app`` (the default app when None):
+    a client of its Redis and the replica's MCP URL, both stopped on the way out."""
+    extra: dict[str, Any] = {} if app is None else {"app": app}
     lf = LocalFleet(
-        work / "once",
+        work / fleet,
         replicas=1,
         routers=0,
-        fleet="scaleonce",
-        app="benchkit.roundapp:fleet",
+        fleet=fleet,
         extra_env={"PYTHONPATH": str(DEVKIT_DIR)},
-        limits=False,
+        limits=limits,
+        **extra,
     )
     lf.start()
     rclient = redis.Redis(host="127.0.0.1", port=lf.redis_port)
     try:
-        url = f"{lf.members['replica-0'].url}/mcp"
-        out: list[PathCost] = []
-        with httpx.Client(timeout=10) as http:
-            for tool in (TOOL, ONCE_TOOL):
-                _flows(http, url, tool, 20)  # warm-up: imports, pools, scripts loaded
-            background = background_rate(rclient, IDLE_WINDOW)
-            for tool, label in ((TOOL, "modern guard flow"), (ONCE_TOOL, "once-flow")):
-                out += _flow_costs(rclient, background, http, url, tool, label, flows)
-        return out
+        yield rclient, f"{lf.members['replica-0'].url}/mcp"
     finally:
         rclient.close()
         lf.stop()
+
+
+def once_paths(work: Path, flows: int) -> list[PathCost]:
+    """Commands per asking and per answer round, of a plain guard flow and a once-flow."""
+    out: list[PathCost] = []
+    fleet = _one_replica(work, "scaleonce", "benchkit.roundapp:fleet")
+    with fleet as (rclient, url), httpx.Client(timeout=10) as http:
+        for tool in (TOOL, ONCE_TOOL):
+            _flows(http, url, tool, 20)  # warm-up: imports, pools, scripts loaded
+        background = background_rate(rclient, IDLE_WINDOW)
+        for tool, label in ((TOOL, "modern guard flow"), (ONCE_TOOL, "once-flow")):
+            out += _flow_costs(rclient, background, http, url, tool, label, flows)
+    return out
 
 
 def _flow_costs(
@@ -140,23 +150,8 @@ def _flows(http: httpx.Client, url: str, tool: str, n: int) -> None:
 
 def listen_paths(work: Path, streams: int, events: int) -> list[PathCost]:
     """Commands per listen stream opened and per event published to every stream."""
-    lf = LocalFleet(
-        work / "listen",
-        replicas=1,
-        routers=0,
-        fleet="scalelisten",
-        app="fleetkit.apps.listenapp:app",
-        extra_env={"PYTHONPATH": str(DEVKIT_DIR)},
-        limits=False,
-    )
-    lf.start()
-    rclient = redis.Redis(host="127.0.0.1", port=lf.redis_port)
-    try:
-        url = f"{lf.members['replica-0'].url}/mcp"
+    with _one_replica(work, "scalelisten", "fleetkit.apps.listenapp:app") as (rclient, url):
         return asyncio.run(_listen(rclient, url, streams, events))
-    finally:
-        rclient.close()
-        lf.stop()
 
 
 async def _listen(rclient: redis.Redis, url: str, streams: int, events: int) -> list[PathCost]:
@@ -250,11 +245,7 @@ def principal(i: int) -> str:
 def limits_paths(work: Path, principals: int) -> list[PathCost]:
     """With limits per principal on at their defaults, every request from its own principal:
     commands per modern round and per ``initialize``, and per held session per second."""
-    lf = LocalFleet(work / "limits", replicas=1, routers=0, fleet="scalelimits", limits=True)
-    lf.start()
-    rclient = redis.Redis(host="127.0.0.1", port=lf.redis_port)
-    try:
-        url = f"{lf.members['replica-0'].url}/mcp"
+    with _one_replica(work, "scalelimits", limits=True) as (rclient, url):
         with httpx.Client(timeout=10) as http:
             background = background_rate(rclient, IDLE_WINDOW)
             rounds = counted(
@@ -278,9 +269,6 @@ def limits_paths(work: Path, principals: int) -> list[PathCost]:
                 ceiling_unit="sessions held",
             ),
         ]
-    finally:
-        rclient.close()
-        lf.stop()
 
 
 def _rounds_each(http: httpx.Client, url: str, n: int) -> None:
