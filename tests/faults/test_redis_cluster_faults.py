@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class Load:
     finals: list[tuple[str, float, str]] = field(default_factory=list)
     pings: list[tuple[int, bool, float]] = field(default_factory=list)
     n: int = 0
+    #: JSON-RPC ids for the pings: a session's requests in flight never share one
+    #: (a reused id orphans the first request's answer stream in the SDK).
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     async def flows(self, url: str, user: int) -> None:
         while not self.stop.is_set():
@@ -82,17 +86,8 @@ class Load:
         while not self.stop.is_set():
             for session, owner in self.sessions.items():
                 start = time.monotonic()
-                body = '{"jsonrpc":"2.0","id":9,"method":"ping"}'
-                resp = await http.post(
-                    url, content=body, headers={**HEADERS, SESSION_HEADER: session}
-                )
-                self.pings.append(
-                    (
-                        resp.status_code,
-                        resp.headers.get("x-mcpfleet-replica") == owner,
-                        time.monotonic() - start,
-                    )
-                )
+                status, replica = await ping(http, url, session, next(self.ids))
+                self.pings.append((status, replica == owner, time.monotonic() - start))
 
     def double_runs(self) -> int:
         return sum(max(0, count(self.effects, order) - 1) for order, _, _ in self.finals)
@@ -121,6 +116,19 @@ def setup(tmp_path: Path) -> Iterator[tuple[RedisClusterRig, RedisFleet, Path]]:
     )
     with redis_cluster(tmp_path / "cluster") as rig, cluster_fleet(tmp_path, options, rig) as lf:
         yield rig, lf, effects
+
+
+async def ping(http: httpx.AsyncClient, url: str, session: str, request_id: int) -> tuple[int, str]:
+    """A session's ``ping`` through ``url``: the status and the answering replica, or
+    ``(0, "")`` past :data:`BOUND` (an SSE answer's keep-alives defeat httpx's read
+    timeout, so the bound is the test's own)."""
+    body = f'{{"jsonrpc":"2.0","id":{request_id},"method":"ping"}}'
+    try:
+        async with asyncio.timeout(BOUND):
+            resp = await http.post(url, content=body, headers={**HEADERS, SESSION_HEADER: session})
+    except TimeoutError:
+        return 0, ""
+    return resp.status_code, resp.headers.get("x-mcpfleet-replica", "")
 
 
 async def _open(url: str, http: httpx.AsyncClient, count_: int) -> dict[str, str]:
@@ -203,13 +211,8 @@ async def test_slots_migrated_under_traffic_keep_every_session_and_flow(
                     continue
                 # Router 1 never saw these sessions: its lookups follow the redirections.
                 session = key.rsplit("{", 1)[1].rstrip("}")
-                body = '{"jsonrpc":"2.0","id":9,"method":"ping"}'
-                resp = await http.post(
-                    lf.router_url(1), content=body, headers={**HEADERS, SESSION_HEADER: session}
-                )
-                cold.append(
-                    (resp.status_code, resp.headers.get("x-mcpfleet-replica") == owners[session])
-                )
+                status, replica = await ping(http, lf.router_url(1), session, next(load.ids))
+                cold.append((status, replica == owners[session]))
 
         await _run(load, http, migrate)
     row = fault_table.row("Redis Cluster slots migrated (registry, sessions)")
@@ -260,13 +263,9 @@ async def test_routes_a_failover_lost_are_written_back_and_served_by_a_router_th
         wait_for(written_back, timeout=15, what="the routes written back", retry_on=(Exception,))
         back = time.monotonic() - killed
         answers = []
-        for session, owner in owners.items():
-            resp = await http.post(
-                lf.router_url(1),
-                content='{"jsonrpc":"2.0","id":9,"method":"ping"}',
-                headers={**HEADERS, SESSION_HEADER: session},
-            )
-            answers.append((resp.status_code, resp.headers.get("x-mcpfleet-replica") == owner))
+        for n, (session, owner) in enumerate(owners.items()):
+            status, replica = await ping(http, lf.router_url(1), session, n)
+            answers.append((status, replica == owner))
     row = fault_table.row("Redis Cluster master SIGKILL with routes unreplicated")
     row.attempts = len(answers)
     row.lost = sum(1 for a in answers if a != (200, True))
