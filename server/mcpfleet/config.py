@@ -96,6 +96,13 @@ class ReplicaConfig:
     #: ``subscriptions/listen`` streams one replica serves at once; more are refused
     #: (each holds a connection and a bounded buffer: docs/notifications.md).
     listen_streams: int = 1024
+    #: Events kept per handshake-era SSE stream in the fleet's Redis, so that a cut
+    #: stream resumes with ``Last-Event-ID`` (mcpfleet.notify's event store): each
+    #: event sent to a handshake session is one Redis write. 0 turns the store off:
+    #: no write per event, no event ids, a cut stream is not resumable.
+    sse_events: int = 1000
+    #: Seconds an SSE event stays resumable (and a stream lives after its last event).
+    sse_ttl: float = 600.0
     #: The tasks limit per principal (:mod:`mcpfleet.limits`, ``Count``): at most this
     #: many tasks queued, running or waiting for input, fleet-wide (0: no cap) ...
     limit_tasks: int = 0

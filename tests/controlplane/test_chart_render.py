@@ -374,6 +374,27 @@ def test_the_task_values_reach_the_replicas_flags_with_the_replicas_own_defaults
     }
 
 
+def test_the_sse_values_reach_the_replicas_flags_with_the_replicas_own_defaults(
+    helm: Helm,
+) -> None:
+    from mcpfleet.config import ReplicaConfig
+
+    def flags(*args: str) -> dict[str, float]:
+        docs = chartkit.objects(chartkit.render(helm, *args))
+        (container,) = _by(docs, "Deployment", "-server")["spec"]["template"]["spec"]["containers"]
+        pairs = (a.split("=", 1) for a in container["args"] if a.startswith("--sse-"))
+        return {k: float(v) for k, v in pairs}
+
+    defaults = ReplicaConfig(keys_dir=Path("."))
+    assert flags() == {"--sse-events": defaults.sse_events, "--sse-ttl": defaults.sse_ttl}
+    assert flags("--set", "server.sseEvents=0,server.sseTtl=30") == {
+        "--sse-events": 0,
+        "--sse-ttl": 30,
+    }
+    with pytest.raises(HelmError, match="sseEvents"):
+        chartkit.render(helm, "--set", "server.sseEvents=-1")
+
+
 def test_the_router_answers_only_its_own_service_names(helm: Helm) -> None:
     docs = chartkit.objects(chartkit.render(helm, release="shop", namespace="tools"))
     args = _by(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -365,3 +365,75 @@ async def test_the_owner_killed_a_resume_gets_the_404_and_its_events_expire_unre
     finally:
         await client.aclose()
     assert 0 < ttl <= 600_000, ttl
+
+
+async def _xadds(lf: LocalFleet) -> int:
+    """``XADD`` calls the fleet's Redis has served (its ``INFO commandstats``)."""
+    client = connect(lf.redis_url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return int(stats.get("cmdstat_xadd", {}).get("calls", 0))
+
+
+async def test_sse_events_0_turns_the_store_off_answers_carry_no_ids_and_write_nothing(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """``--sse-events 0``: a handshake session's answers come as SSE without ids, a
+    priming event or a retry field; Redis serves no ``XADD``; nothing is counted lost."""
+    options = FleetOptions(app=APP, replicas=1, replica_args=("--sse-events", "0"))
+    with local_fleet(tmp_path, options) as lf:
+        s = await session(http, lf.url, "memo://off")
+        before = await _xadds(lf)
+        for _ in range(5):
+            resp = await s.ping()
+            assert resp.status_code == 200 and '"result":{}' in resp.text, resp.text
+            assert event_ids(resp.text) == [], resp.text
+            assert "retry:" not in resp.text, resp.text
+        async with get_stream(http, s) as stream:
+            assert stream.status == 200, stream.status
+            await touch(replica_urls(lf)["replica-0"], "memo://off")
+            event = await stream.next(BOUND)
+            assert uris([event]) == ["memo://off"] and not event.id, event
+        # A resume asked for anyway: a new stream, live (nothing is replayed).
+        async with get_stream(http, s, "0123456789abcdef0123456789abcdef/1-0") as resumed:
+            assert resumed.status == 200, resumed.status
+            await touch(replica_urls(lf)["replica-0"], "memo://off")
+            event = await resumed.next(BOUND)
+            assert uris([event]) == ["memo://off"] and not event.id, event
+        assert await _xadds(lf) == before
+        metrics = httpx.get(f"{lf.members['replica-0'].url}/metrics").text
+        assert metric_sum(metrics, "mcpfleet_events_dropped_total", reason="store") == 0
+
+
+async def test_sse_events_and_sse_ttl_bound_each_stream_in_redis(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    """``--sse-events 2 --sse-ttl 5``: a GET stream sent four events keeps the last two in
+    Redis, for five seconds; a resume from the older kept one replays the newer."""
+    options = FleetOptions(
+        app=APP, replicas=1, replica_args=("--sse-events", "2", "--sse-ttl", "5")
+    )
+    with local_fleet(tmp_path, options) as lf:
+        s = await session(http, lf.url, "memo://bounded")
+        async with AsyncExitStack() as stack:
+            stream = await opened(stack, http, s)
+            sent = []
+            for _ in range(4):
+                await touch(replica_urls(lf)["replica-0"], "memo://bounded")
+                sent.append(await stream.next_message(BOUND))
+        assert all(e.id for e in sent), sent
+        parsed = parse_event_id(sent[-1].id)
+        assert parsed is not None
+        client = connect(lf.redis_url)
+        try:
+            key = RedisKeys(lf.fleet).sse(parsed[0])
+            assert await client.xlen(key) == 2
+            assert 0 < await client.pttl(key) <= 5_000
+        finally:
+            await client.aclose()
+        async with get_stream(http, s, sent[-2].id) as resumed:
+            assert resumed.status == 200, resumed.status
+            again = await resumed.next_message(BOUND)
+            assert again.id == sent[-1].id and uris([again]) == ["memo://bounded"]

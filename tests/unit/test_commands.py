@@ -98,3 +98,21 @@ def test_a_pool_wait_past_the_deadline_is_a_usage_error(
     argv = ["router", "--redis", "redis://127.0.0.1:1/0", "--redis-pool-wait", "3"]
     assert cli.main(argv) == 2
     assert "--redis-pool-wait (3) must be below --redis-deadline (2)" in capsys.readouterr().err
+
+
+def test_the_sse_flags_reach_the_config_and_refuse_what_cannot_bound_a_stream(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from mcpfleet.notify import EVENT_TTL, EVENTS_PER_STREAM
+
+    assert (ReplicaConfig.sse_events, ReplicaConfig.sse_ttl) == (EVENTS_PER_STREAM, EVENT_TTL)
+    args = cli.build_parser().parse_args(
+        ["serve", "--keys", "/k", "--sse-events", "0", "--sse-ttl", "30"]
+    )
+    config = config_from_args(ReplicaConfig, args, redis_url=None)
+    assert (config.sse_events, config.sse_ttl) == (0, 30.0)
+    for bad in (["--sse-events", "-1"], ["--sse-events", "many"], ["--sse-ttl", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.build_parser().parse_args(["serve", "--keys", "/k", *bad])
+        assert exited.value.code == 2
+        assert bad[0] in capsys.readouterr().err

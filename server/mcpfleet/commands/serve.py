@@ -13,6 +13,7 @@ from mcpfleet.commands import (
     config_from_args,
     limitflags,
     non_negative,
+    non_negative_int,
     positive,
     positive_int,
     redis_fields,
@@ -167,6 +168,20 @@ def add_parsers(sub: Any) -> None:
         default=rep.listen_streams,
         help="subscriptions/listen streams this replica serves at once; more are refused"
         f" (default {rep.listen_streams})",
+    )
+    s.add_argument(
+        "--sse-events",
+        type=non_negative_int,
+        default=rep.sse_events,
+        help="events kept per handshake SSE stream in Redis, so a cut stream resumes with"
+        " Last-Event-ID; 0: no event store, one Redis write less per event"
+        f" (default {rep.sse_events})",
+    )
+    s.add_argument(
+        "--sse-ttl",
+        type=positive,
+        default=rep.sse_ttl,
+        help=f"s an SSE event stays resumable (default {rep.sse_ttl:g})",
     )
     limitflags.add_flags(s, rep)
 

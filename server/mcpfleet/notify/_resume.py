@@ -99,8 +99,12 @@ class SessionPrimedTransport(StreamableHTTPServerTransport):
 
     async def _handle_get_request(self, request: Request, send: Send) -> None:
         """The session's GET stream, primed: served as a resume from a priming event
-        stored now. Anything mcp answers otherwise (a resume, a refusal) is mcp's."""
+        stored now. Anything mcp answers otherwise (a resume, a refusal) is mcp's.
+        Without a store a ``Last-Event-ID`` is ignored (SSE lets a server do so): the
+        stream is opened afresh, where mcp would answer nothing and the server 500."""
         store = self._event_store
+        if store is None and request.headers.get(LAST_EVENT_ID_HEADER):
+            return await super()._handle_get_request(_without_last_event_id(request), send)
         if (
             store is None
             or request.headers.get(LAST_EVENT_ID_HEADER)
@@ -217,6 +221,12 @@ def _session_manager(http_app: Any) -> Any:
                 return manager
             found = getattr(found, "app", None)
     return None
+
+
+def _without_last_event_id(request: Request) -> Request:
+    header = LAST_EVENT_ID_HEADER.encode()
+    headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != header]
+    return Request({**request.scope, "headers": headers}, request.receive)
 
 
 def prime_by_session(http_app: Any) -> bool:

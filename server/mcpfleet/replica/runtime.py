@@ -127,11 +127,7 @@ class Replica:
         # Handshake sessions: resources/subscribe, the fleet's events on their GET
         # streams, and SSE streams resumable from the fleet's Redis (mcpfleet.notify).
         self.sessions = install_sessions(self.mcp_app, self.notify.bus, self.metrics)
-        self.event_store: RedisEventStore | None = None
-        if config.redis_url:
-            self.event_store = RedisEventStore(
-                RedisKeys(config.fleet), deadline=config.redis_deadline, observer=self.metrics
-            )
+        self.event_store = self._event_store()
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
         self.tasks: FleetTasks | None = self._wire_tasks()
         if self.tasks is not None:
@@ -209,6 +205,19 @@ class Replica:
             watcher.check()
         return limiter, watcher
 
+    def _event_store(self) -> RedisEventStore | None:
+        """The handshake SSE streams' store in the fleet's Redis; None standalone or off."""
+        config = self.config
+        if not config.redis_url or config.sse_events == 0:
+            return None
+        return RedisEventStore(
+            RedisKeys(config.fleet),
+            deadline=config.redis_deadline,
+            observer=self.metrics,
+            events=config.sse_events,
+            ttl=config.sse_ttl,
+        )
+
     def _http_app(self, json_response: bool | None) -> StarletteWithLifespan:
         config = self.config
         limits = Middleware(
@@ -271,9 +280,8 @@ class Replica:
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
-        if self.event_store is not None:
-            # The app's session manager exists now (its lifespan started first).
-            prime_by_session(self.http_main)
+        # The app's session manager exists now (its lifespan started first).
+        prime_by_session(self.http_main)
         async with contextlib.AsyncExitStack() as stack:
             if self.json_app is not None:
                 # Its session manager (modern rounds only: no sessions) runs beside the
