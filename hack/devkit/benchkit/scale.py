@@ -67,7 +67,13 @@ from benchkit.scalecurve import (
     per_unit,
     total,
 )
-from benchkit.scalepaths import limits_paths, listen_paths, once_paths, redis_capacity
+from benchkit.scalepaths import (
+    limits_paths,
+    listen_paths,
+    once_paths,
+    redis_capacity,
+    store_paths,
+)
 from benchkit.sessionbench import command_calls, rss_bytes
 from benchkit.table import Row, render
 from fleetkit.clients.wire import initialize_body
@@ -485,6 +491,7 @@ def measure(quick: bool) -> list[Row]:
         run.paths += once_paths(work, 50 if quick else 200)
         run.paths += listen_paths(work, 10 if quick else 50, 5 if quick else 20)
         run.paths += limits_paths(work, 50 if quick else 200)
+        run.paths += store_paths(work, 50 if quick else 200)
         rows = run.rows + [row for curve in run.curves for row in curve_rows(curve)]
         rows += path_rows(run.paths)
         if capacity is None:

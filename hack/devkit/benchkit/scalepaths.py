@@ -9,6 +9,11 @@ the paths that need a fleet of their own, and what one Redis master sustains.
   streams opened (each acknowledged), then ``retool`` calls whose
   ``tools/list_changed`` every stream must receive: commands per stream opened
   and per event published;
+* **the handshake event store on and off**: one replica with the default
+  ``--sse-events`` and one with ``--sse-events 0``, each sent ``initialize``
+  and then ``ping`` on the sessions it opened, straight (no router: its ``SET``
+  per ``initialize`` and its lookups are the curve's own rows): what each
+  handshake request costs Redis with resumable streams and without;
 * **one master's commands/s**: ``redis-benchmark`` (Debian's redis-tools) against
   the bench's redis-server, GET and SET, 50 clients, no pipelining.
 
@@ -69,10 +74,16 @@ def counted(
 
 @contextmanager
 def _one_replica(
-    work: Path, fleet: str, app: str | None = None, *, limits: bool = False
+    work: Path,
+    fleet: str,
+    app: str | None = None,
+    *,
+    limits: bool = False,
+    args: tuple[str, ...] = (),
 ) -> Iterator[tuple[redis.Redis, str]]:
-    """A fleet of one replica (no router) serving ``app`` (the default app when None):
-    a client of its Redis and the replica's MCP URL, both stopped on the way out."""
+    """A fleet of one replica (no router) serving ``app`` (the default app when None),
+    started with ``args`` besides the fleet's own: a client of its Redis and the
+    replica's MCP URL, both stopped on the way out."""
     extra: dict[str, Any] = {} if app is None else {"app": app}
     lf = LocalFleet(
         work / fleet,
@@ -81,6 +92,7 @@ def _one_replica(
         fleet=fleet,
         extra_env={"PYTHONPATH": str(DEVKIT_DIR)},
         limits=limits,
+        replica_args=args,
         **extra,
     )
     lf.start()
@@ -235,6 +247,61 @@ def parse_benchmark(out: str) -> dict[str, float]:
 #: renewals of each place (every 10 s, a third of its 30 s lease).
 RENEWAL_WINDOW = 20.0
 EXAMPLE_ARGS = {"item": "tea", "amount_eur": 2}
+
+
+def store_paths(work: Path, sessions: int) -> list[PathCost]:
+    """Commands per ``initialize`` and per session request (``ping``), replica direct,
+    with the handshake event store (the default) and with ``--sse-events 0``."""
+    out: list[PathCost] = []
+    note = f"n={sessions}; replica direct"
+    for label, name, args in (
+        ("event store on", "scalestoreon", ()),
+        ("--sse-events 0", "scalestoreoff", ("--sse-events", "0")),
+    ):
+        inits, pings = _store_costs(work, name, args, sessions)
+        out += [
+            PathCost(f"initialize, {label}", inits, sessions, note),
+            PathCost(f"session request, {label}", pings, sessions, note),
+        ]
+    return out
+
+
+def _store_costs(
+    work: Path, name: str, args: tuple[str, ...], sessions: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    with _one_replica(work, name, args=args) as (rclient, url), httpx.Client(timeout=10) as http:
+        _open_sessions(http, url, 10)  # warm-up: imports, pools, scripts loaded
+        background = background_rate(rclient, IDLE_WINDOW)
+        opened: list[str] = []
+
+        def open_all() -> None:
+            opened.extend(_open_sessions(http, url, sessions))
+
+        inits = counted(rclient, background, sessions, open_all)
+        pings = counted(rclient, background, sessions, lambda: _ping_each(http, url, opened))
+    return inits, pings
+
+
+def _open_sessions(http: httpx.Client, url: str, n: int) -> list[str]:
+    opened = []
+    for _ in range(n):
+        resp = http.post(url, content=initialize_body("bench-scale"), headers=HANDSHAKE)
+        if resp.status_code != 200:
+            raise RuntimeError(f"initialize: {resp.status_code} {resp.text[:200]}")
+        session = resp.headers["mcp-session-id"]
+        done = http.post(url, content=INITIALIZED, headers={**HANDSHAKE, "mcp-session-id": session})
+        if done.status_code != 202:
+            raise RuntimeError(f"initialized: {done.status_code}")
+        opened.append(session)
+    return opened
+
+
+def _ping_each(http: httpx.Client, url: str, sessions: list[str]) -> None:
+    for n, session in enumerate(sessions):
+        body = f'{{"jsonrpc": "2.0", "id": {n + 1}, "method": "ping"}}'
+        resp = http.post(url, content=body, headers={**HANDSHAKE, "mcp-session-id": session})
+        if resp.status_code != 200 or '"result":{}' not in resp.text:
+            raise RuntimeError(f"ping: {resp.status_code} {resp.text[:200]}")
 
 
 def principal(i: int) -> str:
