@@ -23,13 +23,16 @@ from redis.crc import key_slot
 
 from fleetkit import scenarios
 from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.listen import listening
 from fleetkit.clients.rawsession import bounded, metric_sum, open_sessions
 from fleetkit.clients.wire import Answer, accept, modern_call
 from fleetkit.clusterrig import RedisClusterRig, cluster_fleet, redis_cluster
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, acl_log
 from mcpfleet import redisconn
+from mcpfleet.client import connect
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.example.app import WEEKLY_REPORT
 from mcpfleet.once import ONCE_META_KEY, RETRY_CODE
 from mcpfleet.registry import read_replicas, read_replicas_sync
 
@@ -78,6 +81,32 @@ def once(
 
 async def test_modern_rounds_spread_on_a_cluster(blue: RedisFleet) -> None:
     await scenarios.modern_rounds_spread(blue)
+
+
+async def test_an_event_published_on_one_replica_reaches_listen_streams_on_every_replica(
+    blue: RedisFleet,
+) -> None:
+    """The fleet bus on a cluster: a listen stream on each replica, subscribed to
+    ``report://weekly``; ``create_task`` run on replica 0 publishes ``resources/updated``
+    (one ``PUBLISH`` on the cluster, carried to every node's subscribers): every stream
+    gets it, those on the two replicas that did not run the tool included."""
+    urls = {name: f"{m.url}/mcp" for name, m in blue.members.items()}
+    timeout = httpx.Timeout(10, read=None)
+    async with httpx.AsyncClient(timeout=timeout) as http, contextlib.AsyncExitStack() as stack:
+        streams = {}
+        for n, (name, url) in enumerate(urls.items()):
+            ctx = listening(http, url, 50 + n, resourceSubscriptions=[WEEKLY_REPORT])
+            streams[name] = await stack.enter_async_context(ctx)
+            ack = await streams[name].next_event(10)
+            assert ack.method == "notifications/subscriptions/acknowledged", ack.message
+        async with connect(urls["replica-0"], "modern") as client:
+            result = await client.call_tool("create_task", {"project": "cluster"})
+        assert str(result.data).startswith("Created"), result.data
+        for name, listener in streams.items():
+            frame = await listener.next_event(10)
+            assert frame.method == "notifications/resources/updated", (name, frame.message)
+            assert frame.message is not None
+            assert frame.message["params"]["uri"] == WEEKLY_REPORT, (name, frame.message)
 
 
 async def test_handshake_sessions_stick_on_a_cluster(blue: RedisFleet) -> None:

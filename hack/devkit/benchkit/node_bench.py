@@ -11,6 +11,7 @@ synced at once. Measured, never asserted: the tests only require convergence.
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from fleetkit.cluster.controlplane import temporary_namespace
 from fleetkit.cluster.node import Node, node_missing
 from fleetkit.cluster.nodefleet import NodeFleet, node_fleet
+from mcpfleet.dev.fleet import FleetError
 
 Row = tuple[str, str, str, str]
 
@@ -31,10 +33,20 @@ def refresh_seconds(nf: NodeFleet, step: str, timeout: float = 240.0) -> float:
 
 
 def node_rows(quick: bool) -> list[Row]:
-    """Rows for the bench table; one row saying why when no node can run here."""
+    """Rows for the bench table; one row saying why when no node can run here, or
+    why the node's fleet failed (the rest of the table is measured by then)."""
     reasons = node_missing()
     if reasons:
         return [("key ring refresh via kubelet", "skipped", "", "; ".join(reasons)[:60])]
+    try:
+        return _measured_rows(quick)
+    except (FleetError, TimeoutError, OSError) as exc:
+        print(f"make bench: the node's rows failed: {exc}", file=sys.stderr)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return [("key ring refresh via kubelet", "failed", "", why[:60])]
+
+
+def _measured_rows(quick: bool) -> list[Row]:
     samples_nudged = 2 if quick else 4
     samples_plain = 1 if quick else 2
     with tempfile.TemporaryDirectory(prefix="mcpfleet-node-bench-") as tmp:
