@@ -455,8 +455,9 @@ def notifications_row() -> tuple[str, list[PanelSpec]]:
                 "Events dropped by reason",
                 "Events per second that reached no stream: redis (a publish Redis did not take "
                 "within the deadline, or a task status not read), slow (a stream ended at its "
-                "buffer's bound), malformed (a frame that is not an event). Any drop fires "
-                "McpfleetEventsDropped.",
+                "buffer's bound), malformed (a frame that is not an event), store (a handshake "
+                "session's SSE event Redis did not store: sent live without an id, not "
+                "resumable). Any drop fires McpfleetEventsDropped.",
                 "ops",
                 (Query(_rate(EVENTS_DROPPED, "reason"), "{{reason}}"),),
             ),
