@@ -19,10 +19,8 @@ alone would show. Nothing here asserts: a benchmark reports, tests prove behavio
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -32,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchkit.roundcost import cpu_ns
-from benchkit.table import Row, render
+from benchkit.table import Row, part_main
 from fleetkit.clients.listen import Listener, listening
 from fleetkit.clients.wire import modern_call
 from fleetkit.fleet import DEVKIT_DIR
@@ -162,11 +160,7 @@ def listen_rows(quick: bool) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="90 streams, 3 events (a smoke run)")
-    args = parser.parse_args()
-    print(f"mcpfleet listen fan-out, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    print(render(listen_rows(args.quick)))
+    part_main("listen fan-out", __doc__, listen_rows, "90 streams, 3 events (a smoke run)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ Nothing here asserts: a benchmark reports, tests prove behaviour.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -47,6 +46,7 @@ import httpx
 
 from benchkit.oncefloor import floor_rows
 from benchkit.roundapp import ARGS, ONCE_TOOL, TOOL
+from benchkit.table import part_main
 from fleetkit.clients.wire import MODERN, MODERN_META, response_body
 from fleetkit.fleet import DEVKIT_DIR
 from mcpfleet.dev.fleet import LocalFleet, free_port
@@ -383,13 +383,7 @@ def round_cost_rows(quick: bool, keep: dict[str, Server] | None = None) -> list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer flows (a smoke run)")
-    args = parser.parse_args()
-    from benchkit.table import render
-
-    print(f"mcpfleet round cost, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    print(render(round_cost_rows(args.quick)))
+    part_main("round cost", __doc__, round_cost_rows, "fewer flows (a smoke run)")
 
 
 if __name__ == "__main__":

@@ -27,11 +27,9 @@ Nothing here asserts: a benchmark reports, tests prove behaviour.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +38,7 @@ import httpx
 
 from benchkit.roundapp import TOOL
 from benchkit.roundcost import Server, _round, cpu_ns
+from benchkit.table import part_main
 from fleetkit.fleet import DEVKIT_DIR
 from fleetkit.otlp import Receiver
 from mcpfleet.dev.fleet import LocalFleet
@@ -190,13 +189,7 @@ def trace_cost_rows(quick: bool) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer flows (a smoke run)")
-    args = parser.parse_args()
-    from benchkit.table import render
-
-    print(f"mcpfleet trace cost, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    print(render(trace_cost_rows(args.quick)))
+    part_main("trace cost", __doc__, trace_cost_rows, "fewer flows (a smoke run)")
 
 
 if __name__ == "__main__":
