@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from fleetkit.clients.jwtkit import TokenIssuer
-from fleetkit.clients.wire import initialize_body, modern_call
+from fleetkit.clients.wire import MODERN, MODERN_META, initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.dev.fleet import free_port
 from mcpfleet.dev.wait import wait_for
@@ -148,6 +148,42 @@ def test_a_principal_at_its_session_cap_is_refused_while_another_still_initializ
         opened.append(again[-1].headers["mcp-session-id"])
         for session in opened:
             close_session(http, fleet.url, session, alice)
+
+
+def test_a_method_spelled_with_json_escapes_is_limited_like_any_other(
+    fleet: ProcessFleet, issuer: TokenIssuer
+) -> None:
+    """JSON lets a client spell a key or a method name with ``\\u`` escapes, and the
+    transport reads them as written plainly: an ``initialize`` spelled so takes a place
+    in the principal's sessions (refused at the cap), and rounds spelled so are rated."""
+    carol = bearer(issuer.token("carol"))  # her own places: no other test's are pending
+    escaped_init = initialize_body("limits-test").replace('"initialize"', '"\\u0069nitialize"')
+    assert "\\u0069nitialize" in escaped_init and json.loads(escaped_init)["method"] == "initialize"
+    with httpx.Client(timeout=10) as http:
+        opened = [r.headers["mcp-session-id"] for r in at_cap(http, fleet.url, carol)]
+        over = http.post(fleet.url, content=escaped_init, headers={**JSON_SSE, **carol})
+        for session in opened:
+            close_session(http, fleet.url, session, carol)
+        assert_limited(over, "sessions")
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "\\u006dethod": "tools/call",
+            "params": {"name": "whoami", "arguments": {}, "_meta": MODERN_META},
+        }
+        body = json.dumps(call).replace("\\\\u006d", "\\u006d")
+        assert json.loads(body)["method"] == "tools/call", body
+        headers = {
+            **JSON_SSE,
+            **carol,
+            "mcp-protocol-version": MODERN,
+            "mcp-method": "tools/call",
+            "mcp-name": "whoami",
+        }
+        statuses = [
+            http.post(fleet.url, content=body, headers=headers).status_code for _ in range(60)
+        ]
+    assert statuses.count(200) >= 1 and statuses.count(429) >= 1, statuses
 
 
 def rounds_p50(url: str, token: str, count: int) -> tuple[float, list[int]]:

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from mcpfleet.jsonbody import is_initialize, json_depth_exceeds, parses_as_json
 from mcpfleet.router.decisions import (
     Candidate,
     OriginPolicy,
@@ -15,9 +16,6 @@ from mcpfleet.router.decisions import (
     cancellations,
     classify,
     forwardable_path,
-    is_initialize,
-    json_depth_exceeds,
-    parses_as_json,
     pick_stateless,
     place_session,
     refused_origin,

@@ -26,7 +26,6 @@ With no limit set, requests pass through untouched.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Final, Literal
 
 from mcp.server.streamable_http_manager import DEFAULT_MAX_REQUEST_BODY_SIZE
@@ -36,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mcpfleet import tracing
 from mcpfleet.contract import MCP_PATH, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
+from mcpfleet.jsonbody import is_initialize, is_request, load, may_name, method_of
 from mcpfleet.limits import (
     CURRENT_PRINCIPAL,
     Limiter,
@@ -91,15 +91,18 @@ class LimitGate:
             body, replay = await _read_body(receive)
             if body is None:  # too large to hold here: the transport refuses it
                 await self.app(scope, replay, send)
-            elif session is None and not modern and _is_initialize(body):
+            elif session is None and not modern and is_initialize(body):
                 await self._initialize(scope, replay, send, principal)
-            elif b'"method"' in body and b'"id"' in body:
+            elif is_request(body):
                 refusal = await self.limiter.round(principal, self._tool(body))
                 if refusal is not None:
                     self._count(refusal, body)
                     await _refuse(send, refusal, body)
                     return
-                if b"subscriptions/listen" in body and _method(body) == "subscriptions/listen":
+                if (
+                    may_name(body, b"subscriptions/listen")
+                    and method_of(body) == "subscriptions/listen"
+                ):
                     await self._listen(scope, replay, send, principal, body)
                     return
                 await self.app(scope, replay, send)
@@ -125,7 +128,7 @@ class LimitGate:
 
     def _tool(self, body: bytes) -> str | None:
         """The tool a ``tools/call`` names, when a tool has a rate of its own."""
-        if not self.limiter.rules.tools or b"tools/call" not in body:
+        if not self.limiter.rules.tools or not may_name(body, b"tools/call"):
             return None
         return _tool_name(body)
 
@@ -170,7 +173,7 @@ class LimitGate:
     def _count(self, refusal: Refusal, body: bytes | None) -> None:
         tracing.note("mcpfleet.limited", refusal.limit)
         if self.observer is not None:
-            tool = _tool_name(body) if body is not None and b"tools/call" in body else None
+            tool = _tool_name(body) if body is not None and may_name(body, b"tools/call") else None
             self.observer.limited(refusal.limit, self.tool_label(tool))
 
     def tool_label(self, tool: str | None) -> str:
@@ -227,23 +230,9 @@ async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
 
 def _parsed(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return load(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-
-
-def _is_initialize(body: bytes) -> bool:
-    if b"initialize" not in body:
-        return False
-    doc = _parsed(body)
-    items = doc if isinstance(doc, list) else [doc]
-    return any(isinstance(m, dict) and m.get("method") == "initialize" for m in items)
-
-
-def _method(body: bytes) -> str | None:
-    doc = _parsed(body)
-    method = doc.get("method") if isinstance(doc, dict) else None
-    return method if isinstance(method, str) else None
 
 
 def _tool_name(body: bytes) -> str | None:

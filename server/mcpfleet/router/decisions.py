@@ -18,6 +18,7 @@ from typing import NamedTuple
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcpfleet.contract import MCP_PATH, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from mcpfleet.jsonbody import is_initialize, load
 
 _SESSION = SESSION_HEADER.lower()
 _PROTOCOL_VERSION = PROTOCOL_VERSION_HEADER.lower()
@@ -28,12 +29,6 @@ _PROTOCOL_VERSION = PROTOCOL_VERSION_HEADER.lower()
 #: may be two ids, and the router and the replica could read different ones.
 MAX_SESSION_ID_LENGTH = 128
 _SESSION_ID = re.compile(rf"^[\x21-\x2b\x2d-\x7e]{{1,{MAX_SESSION_ID_LENGTH}}}$")
-
-#: The deepest JSON nesting the router parses. Routing needs only the top level
-#: (object or batch) and each message's ``method``; JSON-RPC params nest far less
-#: in practice. A body nested deeper is refused as a parse error before any
-#: recursive parser sees it, so no body can exhaust the router's stack.
-MAX_JSON_DEPTH = 128
 
 
 #: What the router forwards: the MCP endpoint (and the app's trailing-slash
@@ -88,83 +83,11 @@ def session_ids(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[str]:
     return [v.decode("latin-1") for k, v in raw_headers if k.lower() == _SESSION.encode()]
 
 
-def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True if ``body`` opens more than ``limit`` nested arrays/objects at any point.
-
-    A linear scan that skips string contents (and their escapes); it does not
-    validate the JSON, only bounds how deep a parser would have to recurse.
-    A body with no more than ``limit`` opening brackets in all cannot nest
-    deeper, and is cleared by two counts in C without the scan (every MCP
-    message the router sees: the scan costs 20-40 us a body in Python).
-    """
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return False
-    depth = 0
-    in_string = False
-    escaped = False
-    for byte in body:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):  # ] }
-            depth -= 1
-    return False
-
-
-_DECODER = json.JSONDecoder()
-
-
-def _load(body: bytes) -> object:
-    """``json.loads`` for a body already known not to nest past :data:`MAX_JSON_DEPTH`.
-
-    A body that opens with ``{`` or ``[`` and no NUL second byte is the UTF-8 that
-    ``json.loads`` would detect: it is decoded here and parsed by the decoder
-    ``json.loads`` uses, without its encoding detection (a Python function per
-    call); any other body goes through ``json.loads`` itself.
-    """
-    if json_depth_exceeds(body):
-        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    if body[:1] in _OPENERS and body[1:2] != b"\x00":
-        return _DECODER.decode(body.decode("utf-8", "surrogatepass"))
-    return json.loads(body)
-
-
-_OPENERS = (b"{", b"[")
-
-
-def parses_as_json(body: bytes) -> bool:
-    try:
-        _load(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return True
-
-
-def is_initialize(body: bytes) -> bool:
-    """True if a POST body is a JSON-RPC ``initialize`` request (or a batch holding one)."""
-    try:
-        doc = _load(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    items = doc if isinstance(doc, list) else [doc]
-    return any(isinstance(m, dict) and m.get("method") == "initialize" for m in items)
-
-
 def cancellations(body: bytes, reason: str = "The client disconnected") -> bytes:
     """The ``notifications/cancelled`` (a JSON body, one or a batch) for every request
     with an id in ``body``; empty when it holds none (notifications, responses)."""
     try:
-        doc = _load(body)
+        doc = load(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return b""
     items = doc if isinstance(doc, list) else [doc]

@@ -59,6 +59,7 @@ from mcpfleet import tracing
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
+from mcpfleet.jsonbody import parses_as_json
 from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
@@ -68,7 +69,6 @@ from mcpfleet.router.decisions import (
     cancellations,
     classify,
     era_of,
-    parses_as_json,
     pick_stateless,
     place_session,
     valid_session_id,
