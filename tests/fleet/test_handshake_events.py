@@ -396,8 +396,18 @@ async def test_sse_events_0_turns_the_store_off_answers_carry_no_ids_and_write_n
             await touch(replica_urls(lf)["replica-0"], "memo://off")
             event = await stream.next(BOUND)
             assert uris([event]) == ["memo://off"] and not event.id, event
-        # A resume asked for anyway: a new stream, live (nothing is replayed).
-        async with get_stream(http, s, "0123456789abcdef0123456789abcdef/1-0") as resumed:
+        # A resume asked for anyway: a new stream, live (nothing is replayed); 409, as
+        # for any second GET stream, until the replica has seen the first one go.
+        async with AsyncExitStack() as stack:
+            limit = time.monotonic() + BOUND
+            while True:
+                resumed = await stack.enter_async_context(
+                    get_stream(http, s, "0123456789abcdef0123456789abcdef/1-0")
+                )
+                if resumed.status != 409 or time.monotonic() > limit:
+                    break
+                await stack.aclose()
+                await asyncio.sleep(0.1)
             assert resumed.status == 200, resumed.status
             await touch(replica_urls(lf)["replica-0"], "memo://off")
             event = await resumed.next(BOUND)
