@@ -5,7 +5,8 @@ the chart sets it). Once-flows whose results are 60 KiB each fill it: past
 ``--once-memory-limit`` (80%) every replica refuses **new** once-flows with the
 retryable "ledger is full" error (``finish`` never runs), while the memory
 the fleet needs to live is still there: new sessions open through the router
-(their routes are written), plain tools answer, heartbeats go on (every
+(their routes are written; the handshake event store writes nothing past the
+limit either, its events go out without ids), plain tools answer, heartbeats go on (every
 replica stays in the registry past its heartbeat TTL). Once the memory is
 there again (here: ``maxmemory`` raised, as an operator would; in time, the
 results expire), the same final round sent again completes and ``finish``
@@ -14,6 +15,7 @@ runs once.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 import redis
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
+from fleetkit.clients.rawsession import metric_sum
 from fleetkit.clients.wire import Answer, initialize_body
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.contract import HEARTBEAT_TTL, SESSION_HEADER, RedisKeys
@@ -34,6 +37,7 @@ from .conftest import FaultTable
 from .oncewire import ask, count, final
 
 RECEIPT = 60 * 1024
+EVENTS_DROPPED = "mcpfleet_events_dropped_total"
 HEADROOM = 4 * 1024 * 1024
 
 
@@ -141,6 +145,11 @@ def test_once_results_filling_redis_refuse_new_once_flows_and_keep_the_fleet(
             assert resp.status_code == 200, resp.text
             session = resp.headers[SESSION_HEADER]
         assert client.get(keys.session(session)) is not None, "the new session's route"
+        # Past the limit the event store writes nothing either: the answer's events carry
+        # no resumable id, each counted, and the memory left is the routes' and heartbeats'.
+        assert not re.search(r"^id: *[0-9a-f]{32}/", resp.text, re.MULTILINE), resp.text
+        owner = lf.members[resp.headers["x-mcpfleet-replica"]]
+        assert metric_sum(httpx.get(f"{owner.url}/metrics").text, EVENTS_DROPPED, reason="store")
         plain_state = ask(urls[0], "plain-1", "charge_plain")
         plain = final(urls[0], "plain-1", plain_state, "charge_plain")
         assert plain.status == 200 and not plain.error, plain.body

@@ -232,3 +232,17 @@ async def test_on_an_untested_mcp_the_transport_is_left_as_mcp_made_it(
     monkeypatch.setattr("mcpfleet.notify._resume.importlib.metadata.version", lambda _: "2.99.0")
     async with http_app.router.lifespan_context(http_app):
         assert not prime_by_session(http_app)
+
+
+async def test_past_the_memory_limit_nothing_is_stored_and_each_event_is_counted() -> None:
+    counts = Counts()
+    store = RedisEventStore(RedisKeys("t"), deadline=1, observer=counts, backoff=0.0)
+    redis = FailingRedis()
+    full = [True]
+    store.attach(redis, full=lambda: full[0])
+    ping = JSONRPCRequest(jsonrpc="2.0", id=1, method="ping")
+    assert await store.store_event("s", ping) == "" and await store.store_event("s", None) == ""
+    assert redis.calls == 0 and counts.seen["dropped", "store"] == 2
+    full[0] = False  # below the limit again: Redis is asked (and here refuses)
+    assert await store.store_event("s", ping) == ""
+    assert redis.calls == 1

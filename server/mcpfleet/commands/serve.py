@@ -127,8 +127,8 @@ def add_parsers(sub: Any) -> None:
         "--once-memory-limit",
         type=share,
         default=rep.once_memory_limit,
-        help="share of Redis maxmemory past which new once-flows are refused; 0: no check"
-        f" (default {rep.once_memory_limit})",
+        help="share of Redis maxmemory past which new once-flows are refused and the SSE"
+        f" event store writes nothing; 0: no check (default {rep.once_memory_limit})",
     )
     s.add_argument(
         "--response-mode",

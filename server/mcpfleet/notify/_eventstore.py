@@ -26,6 +26,11 @@ before Redis is asked. A replay from an id that is gone (trimmed, expired) or
 unknown replays nothing: the SDK then answers the GET with an empty stream;
 nothing already delivered is repeated and nothing is invented.
 
+Redis past the replica's memory limit (``--once-memory-limit``, read once a
+second, as the once ledger reads it): nothing is stored, each event counted
+``store`` and sent live without an id, so the store never takes the memory
+the fleet's routes and heartbeats need.
+
 Redis away or slower than the deadline (the Redis deadline, at most
 :data:`STORE_WAIT`): a write is not stored, logged and
 counted (``mcpfleet_events_dropped_total{reason="store"}``), and for
@@ -49,6 +54,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
@@ -121,6 +127,10 @@ def parse_event_id(event_id: str) -> tuple[str, str] | None:
     return (found.group(1), found.group(2)) if found else None
 
 
+def _never() -> bool:
+    return False
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -153,10 +163,13 @@ class RedisEventStore(EventStore):
         self._redis: Any = None
         #: Until when (monotonic) writes are not tried, after a failed one.
         self._quiet_until = 0.0
+        self._full: Callable[[], bool] = _never
 
-    def attach(self, client: Any) -> None:
-        """Store through ``client`` (an asyncio Redis client) from now on."""
+    def attach(self, client: Any, full: Callable[[], bool] | None = None) -> None:
+        """Store through ``client`` (an asyncio Redis client) from now on; while
+        ``full()`` says Redis is past the replica's memory limit, store nothing."""
         self._redis = client
+        self._full = full or _never
 
     def detach(self) -> None:
         self._redis = None
@@ -167,7 +180,7 @@ class RedisEventStore(EventStore):
         client = self._redis
         if client is None:
             return ""
-        if time.monotonic() < self._quiet_until:
+        if time.monotonic() < self._quiet_until or self._full():
             self.observer.dropped("store")
             return ""
         name = digest(stream_id)

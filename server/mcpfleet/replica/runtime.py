@@ -371,7 +371,9 @@ class Replica:
         tasks.append(asyncio.create_task(self.publisher.run(), name="heartbeat"))
         tasks.append(asyncio.create_task(self.notify.serve(client), name="events"))
         if self.event_store is not None:
-            self.event_store.attach(client)
+            # Past the once limit the store stops writing too: routes and heartbeats
+            # keep the memory that is left.
+            self.event_store.attach(client, full=lambda: ledger.full)
         if self.tasks is not None:
             watch = self.tasks.watch_queue(
                 client,
