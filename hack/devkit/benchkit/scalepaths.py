@@ -251,24 +251,27 @@ EXAMPLE_ARGS = {"item": "tea", "amount_eur": 2}
 
 def store_paths(work: Path, sessions: int) -> list[PathCost]:
     """Commands per ``initialize`` and per session request (``ping``), replica direct,
-    with the handshake event store (the default) and with ``--sse-events 0``."""
+    with the handshake event store (the default) and with ``--sse-events 0``, and the
+    Redis memory each leaves behind (``used_memory`` delta: the store's keys live
+    ``--sse-ttl``)."""
     out: list[PathCost] = []
-    note = f"n={sessions}; replica direct"
     for label, name, args in (
         ("event store on", "scalestoreon", ()),
         ("--sse-events 0", "scalestoreoff", ("--sse-events", "0")),
     ):
-        inits, pings = _store_costs(work, name, args, sessions)
+        (inits, init_bytes), (pings, ping_bytes) = _store_costs(work, name, args, sessions)
+        note = f"n={sessions}; replica direct; Redis memory +{{:.0f}} B each"
         out += [
-            PathCost(f"initialize, {label}", inits, sessions, note),
-            PathCost(f"session request, {label}", pings, sessions, note),
+            PathCost(f"initialize, {label}", inits, sessions, note.format(init_bytes)),
+            PathCost(f"session request, {label}", pings, sessions, note.format(ping_bytes)),
         ]
     return out
 
 
 def _store_costs(
     work: Path, name: str, args: tuple[str, ...], sessions: int
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[tuple[dict[str, float], float], tuple[dict[str, float], float]]:
+    """(commands, Redis bytes) per ``initialize`` and per ``ping`` of ``sessions``."""
     with _one_replica(work, name, args=args) as (rclient, url), httpx.Client(timeout=10) as http:
         _open_sessions(http, url, 10)  # warm-up: imports, pools, scripts loaded
         background = background_rate(rclient, IDLE_WINDOW)
@@ -277,9 +280,17 @@ def _store_costs(
         def open_all() -> None:
             opened.extend(_open_sessions(http, url, sessions))
 
+        used = _used_memory(rclient)
         inits = counted(rclient, background, sessions, open_all)
+        init_bytes = (_used_memory(rclient) - used) / sessions
+        used = _used_memory(rclient)
         pings = counted(rclient, background, sessions, lambda: _ping_each(http, url, opened))
-    return inits, pings
+        ping_bytes = (_used_memory(rclient) - used) / sessions
+    return (inits, init_bytes), (pings, ping_bytes)
+
+
+def _used_memory(rclient: redis.Redis) -> int:
+    return int(rclient.info("memory")["used_memory"])
 
 
 def _open_sessions(http: httpx.Client, url: str, n: int) -> list[str]:
