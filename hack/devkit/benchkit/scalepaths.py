@@ -260,7 +260,7 @@ def store_paths(work: Path, sessions: int) -> list[PathCost]:
         ("--sse-events 0", "scalestoreoff", ("--sse-events", "0")),
     ):
         (inits, init_bytes), (pings, ping_bytes) = _store_costs(work, name, args, sessions)
-        note = f"n={sessions}; replica direct; Redis memory +{{:.0f}} B each"
+        note = "replica direct; Redis memory +{:.0f} B each"
         out += [
             PathCost(f"initialize, {label}", inits, sessions, note.format(init_bytes)),
             PathCost(f"session request, {label}", pings, sessions, note.format(ping_bytes)),
