@@ -158,7 +158,8 @@ REPLICA_SCRIPT = """
     provider.add_span_processor(SimpleSpanProcessor(exported))
     trace.set_tracer_provider(provider)
     tracing.ON = True
-    keys = Path(tempfile.mkdtemp()) / "keys"
+    work = tempfile.TemporaryDirectory(prefix="mcpfleet-tracing-test-")  # removed at exit
+    keys = Path(work.name) / "keys"
     write_ring(keys, KeyRing.generate())
     replica = Replica(ReplicaConfig(keys_dir=keys, name="replica-t"), KeyRing.generate())
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
