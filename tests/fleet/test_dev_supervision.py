@@ -24,10 +24,10 @@ from mcpfleet.dev.wait import wait_for
 class Dev:
     """A running ``mcpfleet dev`` and everything it printed."""
 
-    def __init__(self, workdir: Path, port: int) -> None:
+    def __init__(self, workdir: Path, port: int, *args: str) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            mcpfleet_argv("dev", "--port", str(port), "--workdir", str(workdir)),
+            mcpfleet_argv("dev", "--port", str(port), "--workdir", str(workdir), *args),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -59,10 +59,10 @@ class Dev:
         return found
 
 
-@pytest.fixture
-def dev(tmp_path: Path) -> Iterator[Dev]:
-    require_redis()
-    running = Dev(tmp_path / "dev", free_port())
+@contextlib.contextmanager
+def running_dev(workdir: Path, *args: str) -> Iterator[Dev]:
+    """``mcpfleet dev ARGS`` until the block ends; its output printed at the end."""
+    running = Dev(workdir, free_port(), *args)
     try:
         yield running
     finally:
@@ -77,6 +77,13 @@ def dev(tmp_path: Path) -> Iterator[Dev]:
         assert running.proc.stdout is not None
         running.proc.stdout.close()
         print("\n".join(running.lines[-60:]))
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[Dev]:
+    require_redis()
+    with running_dev(tmp_path / "dev") as running:
+        yield running
 
 
 def _pids(match: str) -> list[int]:
@@ -138,3 +145,33 @@ def test_dev_restarts_a_killed_replica_and_redis_and_keeps_answering(dev: Dev) -
     assert dev.proc.poll() is None, "the fleet stayed up"
     again = modern_call(dev.url, "confirm_purchase", {"item": "tea", "amount_eur": 3})
     assert again.status == 200
+
+
+@pytest.mark.timeout(120)
+def test_dev_passes_the_limit_flags_given_to_it_to_every_replica(tmp_path: Path) -> None:
+    """`mcpfleet dev --limit-rounds 1 --limit-burst 3`: each replica runs with both
+    flags, and one client's burst of ten rounds is refused past about three (the
+    replicas' defaults, 50/s with a burst of 100, would serve all ten)."""
+    require_redis()
+    with running_dev(
+        tmp_path / "dev", "--replicas", "2", "--limit-rounds", "1", "--limit-burst", "3"
+    ) as dev:
+        dev.wait_said(r"behind the router at", 90)
+        replicas = _pids(f"--keys {tmp_path / 'dev'}/keys ")
+        assert len(replicas) == 2
+        for pid in replicas:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert b"--limit-rounds=1.0" in argv and b"--limit-burst=3" in argv, argv
+        with httpx.Client(timeout=10) as client:
+            answers = [
+                modern_call(
+                    dev.url, "confirm_purchase", {"item": "pen", "amount_eur": 2}, client=client
+                )
+                for _ in range(10)
+            ]
+        statuses = [a.status for a in answers]
+        # The burst of 3 (and what 1/s refills while the ten are sent) is served, no more.
+        assert statuses[0] == 200 and 429 in statuses, statuses
+        assert statuses.count(200) <= 5, statuses
+        refused = next(a for a in answers if a.status == 429)
+        assert "rounds" in json.dumps(refused.body), refused.body

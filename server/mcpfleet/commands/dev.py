@@ -1,4 +1,11 @@
-"""``mcpfleet dev``: a whole fleet on 127.0.0.1 (Redis, replicas, a router) until Ctrl-C."""
+"""``mcpfleet dev``: a whole fleet on 127.0.0.1 (Redis, replicas, a router) until Ctrl-C.
+
+The replicas' limits per principal are ``mcpfleet serve``'s own flags
+(:mod:`mcpfleet.commands.limitflags`), declared once there: ``dev`` takes every
+flag that module declares and hands the ones given on its command line to each
+replica as they were given, so a limit flag added there reaches ``dev`` with no
+change here.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +18,73 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mcpfleet.commands import UsageError, port
+from mcpfleet.commands import UsageError, limitflags, port
 from mcpfleet.config import DEFAULT_APP, ReplicaConfig
 
 COMMANDS = ("dev",)
 
 
+class _Declared(argparse.ArgumentParser):
+    """A parser that keeps the actions of the flags declared on it."""
+
+    def __init__(self) -> None:
+        super().__init__(add_help=False)
+        self.declared: list[argparse.Action] = []
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.declared.append(action)
+        return action
+
+
+def limit_flags() -> list[argparse.Action]:
+    """The replicas' limit flags, as :func:`limitflags.add_flags` declares them for serve."""
+    declared = _Declared()
+    limitflags.add_flags(declared, ReplicaConfig)
+    return declared.declared
+
+
+def limit_args(args: argparse.Namespace) -> list[str]:
+    """The limit flags given to ``dev``, as arguments of each replica's ``serve``.
+
+    Only flags given on the command line pass (their ``dev`` default is None):
+    a replica keeps its own default for the rest, and the fleet's own
+    ``--trusted-hops 1`` (the router) stays unless ``--trusted-hops`` is given.
+    """
+    out: list[str] = []
+    for action in limit_flags():
+        value = getattr(args, action.dest, None)
+        if value is None:
+            continue
+        flag = action.option_strings[-1]
+        if action.nargs == 0:  # a switch: given, it is on
+            out.append(flag)
+        elif isinstance(value, list):
+            out += [f"{flag}={item}" for item in value]
+        else:
+            out.append(f"{flag}={value}")
+    return out
+
+
+def limit_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The limit flags given to ``dev``, as ReplicaConfig fields (the embedded replica)."""
+    out: dict[str, Any] = {}
+    for action in limit_flags():
+        value = getattr(args, action.dest, None)
+        if value is not None:
+            out[action.dest] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
 def add_parsers(sub: Any) -> None:
-    d = sub.add_parser("dev", help="run a whole fleet on 127.0.0.1 until Ctrl-C")
+    d = sub.add_parser(
+        "dev",
+        help="run a whole fleet on 127.0.0.1 until Ctrl-C",
+        description="A whole fleet on 127.0.0.1 until Ctrl-C. The limit flags are"
+        " `mcpfleet serve`'s: each one given here is passed to every replica (a replica"
+        " keeps its default for the others). The router is one trusted hop already:"
+        " --trusted-hops counts it too.",
+    )
     d.add_argument("--replicas", type=int, default=3, help="replica processes")
     d.add_argument("--port", type=port, default=8000, help="the router's port")
     d.add_argument("--app", default=DEFAULT_APP, help="the FastMCP server, as module:attribute")
@@ -28,6 +94,9 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="where keys, logs and Redis data go (default: a new temporary directory)",
     )
+    limitflags.add_flags(d, ReplicaConfig)
+    # None: not given, so the replicas keep their own defaults (limit_args).
+    d.set_defaults(**{action.dest: None for action in limit_flags()})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,14 +109,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--replicas must be at least 1")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="mcpfleet-dev-"))
     if shutil.which("redis-server") is None:
-        return _embedded(work, app, listen)
+        return _embedded(work, app, listen, limit_fields(args))
     fleet = LocalFleet(
         work,
         replicas=replicas,
         port=listen,
         app=app,
         fleet="dev",
-        replica_args=("--drain-timeout", "5"),
+        replica_args=("--drain-timeout", "5", *limit_args(args)),
     )
     stop = False
 
@@ -81,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _embedded(work: Path, app: str, listen: int) -> int:
+def _embedded(work: Path, app: str, listen: int, limits: dict[str, Any]) -> int:
     """Without redis-server: one replica in this process, no Redis, no router."""
     print(
         "redis-server not found (install: apt-get install redis-server).\n"
@@ -94,7 +163,8 @@ def _embedded(work: Path, app: str, listen: int) -> int:
 
     write_ring(work / "keys", KeyRing.generate())
     print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{listen}/mcp", flush=True)
-    run_replica(ReplicaConfig(keys_dir=work / "keys", app=app, port=listen, name="replica-0"))
+    config = ReplicaConfig(keys_dir=work / "keys", app=app, port=listen, name="replica-0", **limits)
+    run_replica(config)
     return 0
 
 
