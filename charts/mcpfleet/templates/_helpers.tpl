@@ -291,6 +291,23 @@ securityContext:
 {{- end }}
 
 {{/*
+Proxies in front of the router whose X-Forwarded-For entries the replicas trust
+(server.limits.trustedProxyHops). Unset (null), the chart counts them: the
+Ingress it makes is one proxy hop (every ingress controller appends the address
+it received the request from), so 1 with router.ingress on and 0 without.
+Counting a hop that is not there would let a client choose its own principal;
+not counting one that is makes every user behind it one principal.
+*/}}
+{{- define "mcpfleet.trustedProxyHops" -}}
+{{- $hops := .Values.server.limits.trustedProxyHops -}}
+{{- if kindIs "invalid" $hops -}}
+{{- if and .Values.router.enabled .Values.router.ingress.enabled }}1{{ else }}0{{ end -}}
+{{- else -}}
+{{- int $hops -}}
+{{- end -}}
+{{- end }}
+
+{{/*
 A map of labels or annotations, every value a string: `--set
 server.podAnnotations.revision=2` gives the number 2, which the API refuses
 in an annotation (and a label); here it is rendered "2".
