@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
 $(STAMP): pyproject.toml hack/lock/dev.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || bash hack/venv.sh $(PYTHON) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --require-hashes -r hack/lock/dev.txt
 	$(PY) -m pip install -q --no-deps -e .
@@ -60,8 +60,14 @@ bench-deps: ## what make bench starts besides the fleet (wrk, nginx), if missing
 tools: ## the Kubernetes tools (helm, etcd, kube-apiserver, ...) built from the pinned Go module into .cache/bin
 	bash hack/tools/build.sh $(BIN)
 
-run: venv deps ## a local fleet: Redis, 3 replicas, a router and Prometheus (mcpfleet dev)
-	$(VENV)/bin/mcpfleet dev
+# Root installs the Debian packages a local fleet uses; a normal user is told
+# which are missing and why, and mcpfleet dev runs without them (without
+# redis-server: one embedded replica). DEV_ARGS: mcpfleet dev's flags, e.g.
+# DEV_ARGS="--limit-rounds 500 --port 9000" (mcpfleet dev --help).
+DEV_ARGS ?=
+run: venv ## a local fleet: Redis, 3 replicas, a router and Prometheus (mcpfleet dev; DEV_ARGS=...)
+	bash hack/ensure-debs.sh --optional
+	$(VENV)/bin/mcpfleet dev $(DEV_ARGS)
 
 lint: venv ## ruff, ruff format --check, hadolint, and the import contracts (lint-imports)
 	$(VENV)/bin/ruff check .

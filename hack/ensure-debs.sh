@@ -13,7 +13,17 @@
 #          and buildah make the node image, hack/kind/).
 # A Docker engine is there when `docker info` succeeds (hack/lib/engine.sh),
 # never because a `docker` command is on the PATH.
+#
+# --optional (first): the packages are wanted, not needed (`make run`, whose
+# `mcpfleet dev` falls back without redis-server). Where they cannot be
+# installed (not root; apt-get failed) this says which and why, and exits 0.
+# Without it, a package that cannot be installed fails the run.
 set -euo pipefail
+optional=0
+if [ "${1:-}" = --optional ]; then
+  optional=1
+  shift
+fi
 # shellcheck source=hack/lib/engine.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/engine.sh"
 # Whether Debian's package is installed: `dpkg -s` also succeeds for a package
@@ -80,10 +90,20 @@ if [ "${MCPFLEET_DEBS_DRY_RUN:-0}" = 1 ]; then
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
+  if [ "$optional" = 1 ]; then
+    echo "mcpfleet: cannot install ${need[*]}: installing Debian's packages needs root" \
+      "(sudo apt-get install -y ${need[*]}); going on without them" >&2
+    exit 0
+  fi
   echo "mcpfleet: missing ${need[*]}; install with: sudo apt-get install -y ${need[*]}" >&2
   exit 1
 fi
 echo "mcpfleet: installing ${need[*]} from Debian's packages" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }; then
+  if [ "$optional" = 1 ]; then
+    echo "mcpfleet: cannot install ${need[*]}: apt-get failed (above); going on without them" >&2
+    exit 0
+  fi
+  exit 1
+fi
