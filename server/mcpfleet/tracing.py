@@ -134,7 +134,7 @@ def configure(
 
 def _install_sdk(service: str, instance: str, identity: str, principal: Principal | None) -> None:
     """The SDK's tracer provider, batch processor and OTLP/HTTP exporter (behind the
-    redaction: :class:`RedactingExporter`), set globally."""
+    redaction: :func:`redacting_exporter`), set globally."""
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
@@ -149,7 +149,7 @@ def _install_sdk(service: str, instance: str, identity: str, principal: Principa
     provider = TracerProvider(resource=resource)
     if identity == DIGEST and principal is not None:
         provider.add_span_processor(principal_noter(principal))
-    exporter = RedactingExporter(OTLPSpanExporter(), digest_identity=identity == DIGEST)
+    exporter = redacting_exporter(OTLPSpanExporter(), digest_identity=identity == DIGEST)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
 
@@ -304,22 +304,26 @@ def redact_span(span: Any, digest_identity: bool = False) -> Any:
     )
 
 
-class RedactingExporter:
-    """A span exporter that hands ``inner`` each span as :func:`redact_span` makes it:
-    every span leaves through the redaction, whatever set its attributes and when."""
+def redacting_exporter(inner: Any, digest_identity: bool = False) -> Any:
+    """A span exporter (the SDK's ``SpanExporter``) that hands ``inner`` each span as
+    :func:`redact_span` makes it: every span leaves through the redaction, whatever
+    set its attributes and when."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    def __init__(self, inner: Any, digest_identity: bool = False) -> None:
-        self.inner = inner
-        self.digest_identity = digest_identity
+    class RedactingExporter(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            result: SpanExportResult = inner.export(
+                [redact_span(s, digest_identity) for s in spans]
+            )
+            return result
 
-    def export(self, spans: Sequence[Any]) -> Any:
-        return self.inner.export([redact_span(s, self.digest_identity) for s in spans])
+        def shutdown(self) -> None:
+            inner.shutdown()
 
-    def shutdown(self) -> None:
-        self.inner.shutdown()
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(inner.force_flush(timeout_millis))
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return bool(self.inner.force_flush(timeout_millis))
+    return RedactingExporter()
 
 
 _TRACER: Any = None

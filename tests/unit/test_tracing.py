@@ -249,7 +249,7 @@ SPANS_SCRIPT = """
 
     exported = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(tracing.RedactingExporter(exported)))
+    provider.add_span_processor(SimpleSpanProcessor(tracing.redacting_exporter(exported)))
     trace.set_tracer_provider(provider)
     tracing.ON = True
     creator = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -323,7 +323,7 @@ FASTMCP_SCRIPT = """
     provider = TracerProvider()
     if digest:
         provider.add_span_processor(tracing.principal_noter(request_principal))
-    exporter = tracing.RedactingExporter(exported, digest_identity=digest)
+    exporter = tracing.redacting_exporter(exported, digest_identity=digest)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     verifier = StaticTokenVerifier({"SECRET-TOKEN": {"client_id": "alice-app", "sub": "alice"}})
