@@ -212,7 +212,11 @@ def principal_noter(principal: Principal) -> Any:
 
     class NotePrincipal(SpanProcessor):
         def on_start(self, span: Any, parent_context: Any = None) -> None:
-            digest = principal()
+            try:
+                digest = principal()
+            except Exception:  # a span's start never fails a request
+                log.debug("no principal for span %s", span.name, exc_info=True)
+                return
             if digest is not None:
                 span.set_attribute(PRINCIPAL_ATTRIBUTE, digest)
 
