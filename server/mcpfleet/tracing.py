@@ -29,6 +29,12 @@ mcpfleet only supplies defaults for ``service.name`` (``mcpfleet-router``,
 ``mcpfleet-replica``) and ``service.instance.id`` (the replica's name, the
 router's host name) where the environment names none.
 
+Every span leaves through one redaction, as it is exported
+(:func:`redacting_exporter`): what guards a session or a task
+(:data:`REDACTED_ATTRIBUTES`) always leaves as a digest, and the attributes
+naming who made a request (:data:`IDENTITY_ATTRIBUTES`) too when
+``MCPFLEET_TRACES_IDENTITY=digest`` (:data:`IDENTITY_ENV`).
+
 The helpers work on the span current in the caller's context (OpenTelemetry's
 context variable): the router's and the replica's request spans
 (``router.proxy``, ``replica.tracing``) make theirs current, and code deeper
