@@ -230,22 +230,21 @@ def principal_noter(principal: Principal) -> Any:
 
 
 def _rewritten(
-    attributes: Mapping[str, Any] | None, digest_identity: bool, principal: str | None
+    attributes: Mapping[str, Any] | None, keys: frozenset[str], principal: str | None
 ) -> dict[str, Any] | None:
-    """``attributes`` with each secret as its digest (and each identity as the
-    principal's digest, or its own, when ``digest_identity``); None when nothing in
-    them changes."""
+    """``attributes`` with the value of each of ``keys`` as its digest (an identity as
+    the ``principal``'s digest when it is known); None when none of ``keys`` is there."""
     if not attributes:
         return None
-    out: dict[str, Any] | None = None
-    for key, value in attributes.items():
-        if key in REDACTED_ATTRIBUTES or (digest_identity and key in IDENTITY_ATTRIBUTES):
-            if out is None:
-                out = dict(attributes)
-            if key in IDENTITY_ATTRIBUTES and principal is not None:
-                out[key] = principal
-            else:
-                out[key] = redacted(str(value))
+    hits = keys.intersection(attributes)
+    if not hits:
+        return None
+    out = dict(attributes)
+    for key in hits:
+        if principal is not None and key in IDENTITY_ATTRIBUTES:
+            out[key] = principal
+        else:
+            out[key] = redacted(str(out[key]))
     return out
 
 
@@ -259,6 +258,9 @@ def _bounded(attributes: dict[str, Any], dropped: int) -> Any:
     return bounded
 
 
+_ALL_KEYS: Final = REDACTED_ATTRIBUTES | IDENTITY_ATTRIBUTES
+
+
 def redact_span(span: Any, digest_identity: bool = False) -> Any:
     """``span`` (a finished ``ReadableSpan``) as it may leave the process: itself when
     it carries nothing to redact, else a copy whose attributes, events' attributes and
@@ -267,43 +269,53 @@ def redact_span(span: Any, digest_identity: bool = False) -> Any:
     libraries set attributes after a span started (FastMCP sets ``mcp.session.id``
     again as it enriches its request span): so the redaction runs on what is
     exported, whenever each attribute was set."""
+    keys = _ALL_KEYS if digest_identity else REDACTED_ATTRIBUTES
+    attrs = span.attributes or {}
+    principal = attrs.get(PRINCIPAL_ATTRIBUTE) if digest_identity else None
+    principal = principal if isinstance(principal, str) else None
+    own = _rewritten(attrs, keys, principal)
+    events = [(e, _rewritten(e.attributes, keys, principal)) for e in span.events]
+    links = [(link, _rewritten(link.attributes, keys, principal)) for link in span.links]
+    if own is None and all(new is None for _, new in events + links):
+        return span
+    return _copy(span, own, events, links)
+
+
+def _copy(
+    span: Any,
+    attributes: dict[str, Any] | None,
+    events: list[tuple[Any, dict[str, Any] | None]],
+    links: list[tuple[Any, dict[str, Any] | None]],
+) -> Any:
+    """A copy of ``span`` with the ``attributes`` given (None: its own), and each event
+    and link with the attributes paired with it (None: its own)."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util import BoundedList
     from opentelemetry.trace import Link
 
-    attrs = span.attributes or {}
-    principal = attrs.get(PRINCIPAL_ATTRIBUTE) if digest_identity else None
-    principal = principal if isinstance(principal, str) else None
-    own = _rewritten(attrs, digest_identity, principal)
-    events: list[Any] = []
-    changed = own is not None
-    for event in span.events:
-        new = _rewritten(event.attributes, digest_identity, principal)
-        if new is None:
-            events.append(event)
-            continue
-        changed = True
-        events.append(Event(event.name, _bounded(new, event.dropped_attributes), event.timestamp))
-    links: list[Any] = []
-    for link in span.links:
-        new = _rewritten(link.attributes, digest_identity, principal)
-        if new is None:
-            links.append(link)
-            continue
-        changed = True
-        links.append(Link(link.context, _bounded(new, link.dropped_attributes)))
-    if not changed:
-        return span
-    kept_events = BoundedList.from_seq(None, events)
+    kept_events = BoundedList.from_seq(
+        None,
+        [
+            e if new is None else Event(e.name, _bounded(new, e.dropped_attributes), e.timestamp)
+            for e, new in events
+        ],
+    )
     kept_events.dropped = span.dropped_events
-    kept_links = BoundedList.from_seq(None, links)
+    kept_links = BoundedList.from_seq(
+        None,
+        [
+            link if new is None else Link(link.context, _bounded(new, link.dropped_attributes))
+            for link, new in links
+        ],
+    )
     kept_links.dropped = span.dropped_links
+    own = attributes if attributes is not None else dict(span.attributes or {})
     return ReadableSpan(
         name=span.name,
         context=span.context,
         parent=span.parent,
         resource=span.resource,
-        attributes=_bounded(own if own is not None else dict(attrs), span.dropped_attributes),
+        attributes=_bounded(own, span.dropped_attributes),
         events=kept_events,
         links=kept_links,
         kind=span.kind,

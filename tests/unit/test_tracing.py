@@ -269,6 +269,20 @@ SPANS_SCRIPT = """
     with tracing.tracer().start_as_current_span("execution"):
         with tracing.linked_span("leg-under", None):
             pass
+    # A provider with limits: the copy keeps the dropped counts the exporter reports.
+    from opentelemetry.sdk.trace import SpanLimits
+    bounded = InMemorySpanExporter()
+    limited = TracerProvider(span_limits=SpanLimits(max_attributes=2, max_events=1))
+    limited.add_span_processor(SimpleSpanProcessor(tracing.redacting_exporter(bounded)))
+    with limited.get_tracer("limited").start_as_current_span("limited") as span:
+        span.set_attributes({"a": 1, "b": 2, "mcp.session.id": "SECRET-SESSION-ID"})
+        span.add_event("two")
+        span.add_event("one", {"docket.key": key})
+    (copy,) = bounded.get_finished_spans()
+    print(
+        "limited", copy.dropped_attributes, copy.dropped_events, dict(copy.attributes),
+        [dict(e.attributes) for e in copy.events],
+    )
     unsampled = tracing.extract("00-" + "1" * 32 + "-" + "2" * 16 + "-00")
     with tracing.tracer().start_as_current_span("unsampled", context=unsampled):
         print("unsampled", tracing.exemplar())
@@ -283,8 +297,13 @@ SPANS_SCRIPT = """
 def test_leg_links_sampled_exemplars_and_task_keys_and_session_ids_redacted() -> None:
     out = _run(SPANS_SCRIPT).splitlines()
     assert "exemplar True" in out and "unsampled None" in out
+    (limited,) = [line for line in out if line.startswith("limited ")]
+    assert limited.startswith("limited 1 1 ") and "SECRET" not in limited, limited
+    assert "'mcp.session.id': 'sha256:" in limited and "'docket.key': 'sha256:" in limited
     spans = {
-        line.split()[0]: line for line in out if not line.startswith(("exemplar", "unsampled"))
+        line.split()[0]: line
+        for line in out
+        if not line.startswith(("exemplar", "unsampled", "limited "))
     }
     assert "SECRET-TASK-ID" not in spans["docket.add"]
     assert "'docket.key': 'sha256:" in spans["docket.add"]
