@@ -146,6 +146,7 @@ def test_a_handshake_sessions_spans_leave_the_fleet_without_its_id_token_or_subj
         # FastMCP set both on its span; they left as digests.
         assert call.attributes["mcp.session.id"] == tracing.redacted(session), call
         assert call.attributes["enduser.id"] == principal, call
+        assert call.attributes[tracing.PRINCIPAL_ATTRIBUTE] == principal, call
         assert "error.type" not in call.attributes, call
     addresses = {s.attributes["client.address"] for s in spans if "client.address" in s.attributes}
     assert addresses and all(a.startswith("sha256:") for a in addresses), addresses
