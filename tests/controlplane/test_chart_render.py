@@ -1168,7 +1168,11 @@ def _otel_env(docs: list[dict[str, Any]], component: str) -> dict[str, str]:
     (container,) = [
         c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == component
     ]
-    return {e["name"]: e.get("value", "") for e in container.get("env", []) if "OTEL" in e["name"]}
+    return {
+        e["name"]: e.get("value", "")
+        for e in container.get("env", [])
+        if "OTEL" in e["name"] or e["name"] == "MCPFLEET_TRACES_IDENTITY"
+    }
 
 
 def test_tracing_values_set_the_opentelemetry_environment_of_routers_and_replicas(
@@ -1196,6 +1200,20 @@ def test_tracing_values_set_the_opentelemetry_environment_of_routers_and_replica
         attrs = dict(a.split("=", 1) for a in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
         assert attrs["service.instance.id"] == "$(OTEL_POD_NAME)"
         assert attrs["deployment.environment"] == "prod"
+        assert env["MCPFLEET_TRACES_IDENTITY"] == "keep"
+
+
+def test_tracing_identity_digest_reaches_routers_and_replicas_and_nothing_else_is_taken(
+    helm: Helm,
+) -> None:
+    endpoint = "tracing.otlpEndpoint=http://collector:4318"
+    on = chartkit.objects(
+        chartkit.render(helm, "--set", endpoint, "--set", "tracing.identity=digest")
+    )
+    for component in ("server", "router"):
+        assert _otel_env(on, component)["MCPFLEET_TRACES_IDENTITY"] == "digest"
+    with pytest.raises(HelmError, match="identity"):
+        chartkit.render(helm, "--set", endpoint, "--set", "tracing.identity=hash")
 
 
 @pytest.mark.parametrize(

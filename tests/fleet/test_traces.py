@@ -67,12 +67,15 @@ def _traceparent(trace_id: str) -> tuple[str, str]:
     return f"00-{trace_id}-{span}-01", span
 
 
-def _two_rounds(url: str, trace_id: str) -> tuple[str, str]:
+def _two_rounds(url: str, trace_id: str, states: list[str] | None = None) -> tuple[str, str]:
     """A modern once-flow's asking and final rounds, each sent with a traceparent of
-    ``trace_id``: the client span ids of the two requests."""
+    ``trace_id``: the client span ids of the two requests (the request state the
+    asking round sealed added to ``states``)."""
     header, asking = _traceparent(trace_id)
     first = modern_call(url, "charge", {"order": "t-1"}, headers={"traceparent": header})
     assert first.result.get("resultType") == "input_required", first.body
+    if states is not None:
+        states.append(first.result["requestState"])
     header, final = _traceparent(trace_id)
     answer = modern_call(
         url,
@@ -128,7 +131,8 @@ def test_a_modern_flow_through_the_router_is_one_trace_under_the_clients_span(
     traced: ProcessFleet, receiver: Receiver
 ) -> None:
     trace_id = secrets.token_hex(16)
-    asking, final = _two_rounds(traced.url, trace_id)
+    states: list[str] = []
+    asking, final = _two_rounds(traced.url, trace_id, states)
     # Two requests of three spans each, and the final round's claim and confirmation;
     # each process exports its own batches, so they arrive in any order.
     wait_for(lambda: _expected(receiver.of_trace(trace_id)), timeout=15, what="the trace's spans")
@@ -155,6 +159,8 @@ def test_a_modern_flow_through_the_router_is_one_trace_under_the_clients_span(
     _one_child(spans, tool, "mcpfleet-replica", "mcpfleet.once.claim")
     confirm = _one_child(spans, tool, "mcpfleet-replica", "mcpfleet.once.confirm")
     assert confirm.attributes["mcpfleet.once.confirmed"] == "yes"
+    # The sealed request state (a token) is on no span, event or link.
+    assert [s for s in spans if states[0] in s.exported_text()] == []
 
 
 def test_a_request_without_traceparent_starts_a_trace_at_the_router(

@@ -7,16 +7,21 @@ and the other tests expect none (appload.quiet_telemetry).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from mcp.server.auth.provider import AccessToken
 
 from mcpfleet import tracing
+from mcpfleet.limits import principal_digest
 from mcpfleet.router.upstream import Upstream, forward_header_block
 
 pytestmark = pytest.mark.unit
@@ -54,9 +59,14 @@ def test_only_the_otel_environment_turns_tracing_on(environ: dict[str, str], on:
 
 def _run(script: str, **env: str) -> str:
     """``script`` in a fresh interpreter with no OTEL_* variable but ``env``; its stdout."""
+    return _run_args(script, **env)
+
+
+def _run_args(script: str, *args: str, **env: str) -> str:
+    """``script`` run with ``args`` (its ``sys.argv[1:]``), as :func:`_run`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", textwrap.dedent(script), *args],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -239,8 +249,7 @@ SPANS_SCRIPT = """
 
     exported = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(tracing._redacting_processor())
-    provider.add_span_processor(SimpleSpanProcessor(exported))
+    provider.add_span_processor(SimpleSpanProcessor(tracing.redacting_exporter(exported)))
     trace.set_tracer_provider(provider)
     tracing.ON = True
     creator = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -248,36 +257,60 @@ SPANS_SCRIPT = """
     docket = trace.get_tracer("docket")
     with docket.start_as_current_span("docket.add", attributes={"docket.key": key}):
         pass
-    session = {"mcp.session.id": "SECRET-SESSION-ID", "mcp.method.name": "tools/call"}
-    with trace.get_tracer("fastmcp").start_as_current_span("tools/call x", attributes=session):
-        pass
+    # Set after the start, on an event and on a link: what on_start never sees.
+    later = trace.get_tracer("later")
+    with later.start_as_current_span("set-later") as span:
+        span.set_attributes({"mcp.session.id": "SECRET-SESSION-ID", "mcp.method.name": "x"})
+        span.add_event("retry", {"docket.key": key, "n": 1})
+        span.add_link(tracing.span_context(creator), {"mcp.session.id": "SECRET-SESSION-ID"})
     with tracing.linked_span("leg-alone", creator, a=1):
         current = trace.get_current_span().get_span_context().trace_id
         print("exemplar", tracing.exemplar()["trace_id"] == f"{current:032x}")
     with tracing.tracer().start_as_current_span("execution"):
         with tracing.linked_span("leg-under", None):
             pass
+    # A provider with limits: the copy keeps the dropped counts the exporter reports.
+    from opentelemetry.sdk.trace import SpanLimits
+    bounded = InMemorySpanExporter()
+    limited = TracerProvider(span_limits=SpanLimits(max_attributes=2, max_events=1))
+    limited.add_span_processor(SimpleSpanProcessor(tracing.redacting_exporter(bounded)))
+    with limited.get_tracer("limited").start_as_current_span("limited") as span:
+        span.set_attributes({"a": 1, "b": 2, "mcp.session.id": "SECRET-SESSION-ID"})
+        span.add_event("two")
+        span.add_event("one", {"docket.key": key})
+    (copy,) = bounded.get_finished_spans()
+    print(
+        "limited", copy.dropped_attributes, copy.dropped_events, dict(copy.attributes),
+        [dict(e.attributes) for e in copy.events],
+    )
     unsampled = tracing.extract("00-" + "1" * 32 + "-" + "2" * 16 + "-00")
     with tracing.tracer().start_as_current_span("unsampled", context=unsampled):
         print("unsampled", tracing.exemplar())
     for s in exported.get_finished_spans():
         links = [f"{l.context.trace_id:032x}-{l.context.span_id:016x}" for l in s.links]
         parent = f"{s.parent.span_id:016x}" if s.parent else "-"
-        print(s.name, s.kind.name, parent, links or "-", dict(s.attributes))
+        extra = [dict(e.attributes) for e in s.events] + [dict(l.attributes) for l in s.links]
+        print(s.name, s.kind.name, parent, links or "-", dict(s.attributes), extra)
 """
 
 
 def test_leg_links_sampled_exemplars_and_task_keys_and_session_ids_redacted() -> None:
     out = _run(SPANS_SCRIPT).splitlines()
     assert "exemplar True" in out and "unsampled None" in out
+    (limited,) = [line for line in out if line.startswith("limited ")]
+    assert limited.startswith("limited 1 1 ") and "SECRET" not in limited, limited
+    assert "'mcp.session.id': 'sha256:" in limited and "'docket.key': 'sha256:" in limited
     spans = {
-        line.split()[0]: line for line in out if not line.startswith(("exemplar", "unsampled"))
+        line.split()[0]: line
+        for line in out
+        if not line.startswith(("exemplar", "unsampled", "limited "))
     }
     assert "SECRET-TASK-ID" not in spans["docket.add"]
     assert "'docket.key': 'sha256:" in spans["docket.add"]
-    assert "SECRET-SESSION-ID" not in spans["tools/call"]
-    assert "'mcp.session.id': 'sha256:" in spans["tools/call"]
-    assert "'mcp.method.name': 'tools/call'" in spans["tools/call"]
+    later = spans["set-later"]
+    assert "SECRET" not in later, later
+    assert "'mcp.session.id': 'sha256:" in later and "'docket.key': 'sha256:" in later
+    assert "'mcp.method.name': 'x'" in later and "'n': 1" in later
     alone = spans["leg-alone"].split(maxsplit=4)
     assert alone[1:4] == [
         "CONSUMER",
@@ -286,3 +319,101 @@ def test_leg_links_sampled_exemplars_and_task_keys_and_session_ids_redacted() ->
     ]
     under = spans["leg-under"].split(maxsplit=4)
     assert under[1] == "INTERNAL" and under[2] != "-" and under[3] == "-"
+
+
+#: A real FastMCP app (with a static token) served over HTTP in process, its spans
+#: exported through the redaction: a handshake session's initialize and tools/call.
+FASTMCP_SCRIPT = """
+    import json, sys
+    from fastmcp import FastMCP
+    from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from starlette.testclient import TestClient
+
+    from fleetkit.clients.wire import initialize_body, response_body
+    from mcpfleet import tracing
+    from mcpfleet.replica.tracing import request_principal
+
+    digest = sys.argv[1] == "digest"
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    if digest:
+        provider.add_span_processor(tracing.principal_noter(request_principal))
+    exporter = tracing.redacting_exporter(exported, digest_identity=digest)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    verifier = StaticTokenVerifier({"SECRET-TOKEN": {"client_id": "alice-app", "sub": "alice"}})
+    app = FastMCP("t", auth=verifier)
+
+    @app.tool
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "authorization": "Bearer SECRET-TOKEN",
+    }
+    with TestClient(app.http_app()) as http:
+        opened = http.post("/mcp", content=initialize_body("t"), headers=headers)
+        assert opened.status_code == 200, opened.text
+        session = opened.headers["mcp-session-id"]
+        headers |= {"mcp-session-id": session, "mcp-protocol-version": "2025-11-25"}
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert http.post("/mcp", json=note, headers=headers).status_code == 202
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+        answer = http.post("/mcp", json=call, headers=headers)
+        assert response_body(answer)["result"]["structuredContent"] == {"result": 3}, answer.text
+    spans = []
+    for s in exported.get_finished_spans():
+        spans.append({
+            "name": s.name,
+            "attributes": dict(s.attributes),
+            "events": [[e.name, dict(e.attributes)] for e in s.events],
+            "links": [dict(l.attributes) for l in s.links],
+        })
+    print(json.dumps({"session": session, "spans": spans}))
+"""
+
+
+def _fastmcp_spans(identity: str) -> tuple[str, list[dict[str, Any]]]:
+    """FASTMCP_SCRIPT's session id and exported spans."""
+    out = _run_args(FASTMCP_SCRIPT, identity, PYTHONPATH=str(ROOT / "hack" / "devkit"))
+    got = json.loads(out)
+    return got["session"], got["spans"]
+
+
+@pytest.mark.parametrize("identity", ["keep", "digest"])
+def test_fastmcps_real_spans_of_a_handshake_session_leave_without_its_id_or_token(
+    identity: str,
+) -> None:
+    session, spans = _fastmcp_spans(identity)
+    (call,) = [s for s in spans if s["name"] == "tools/call add"]
+    # FastMCP sets the session's id on its request span after it started.
+    assert call["attributes"]["mcp.session.id"] == tracing.redacted(session)
+    text = json.dumps(spans)
+    assert session not in text and "SECRET-TOKEN" not in text
+    if identity == "keep":
+        # The token's subject (FastMCP 4.2.3), or its client id (the tasks engine's).
+        assert call["attributes"]["enduser.id"] in ("alice", "alice-app")
+        return
+    token = AccessToken(token="-", client_id="alice-app", scopes=[], subject="alice")
+    principal = principal_digest({"user": SimpleNamespace(access_token=token)})
+    assert call["attributes"]["enduser.id"] == principal
+    assert call["attributes"][tracing.PRINCIPAL_ATTRIBUTE] == principal
+    assert '"alice' not in text
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("", "keep"), ("keep", "keep"), ("digest", "digest"), ("Digest ", "digest"), ("x", "digest")],
+)
+def test_identity_attributes_stay_as_set_unless_the_environment_asks_for_digests(
+    value: str, mode: str
+) -> None:
+    assert tracing.identity_mode({tracing.IDENTITY_ENV: value}) == mode
+    assert tracing.identity_mode({}) == "keep"

@@ -340,5 +340,7 @@ names the instance: service.instance.id and k8s.pod.name.
   value: mcpfleet-{{ ternary "replica" .component (eq .component "server") }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ $attrs := list "service.instance.id=$(OTEL_POD_NAME)" "k8s.pod.name=$(OTEL_POD_NAME)" (printf "k8s.namespace.name=%s" .ctx.Release.Namespace) }}{{ range $k, $v := $t.resourceAttributes }}{{ $attrs = append $attrs (printf "%s=%s" $k $v) }}{{ end }}{{ join "," $attrs | quote }}
+- name: MCPFLEET_TRACES_IDENTITY
+  value: {{ $t.identity | default "keep" | quote }}
 {{- end }}
 {{- end }}

@@ -34,6 +34,17 @@ class Got:
     attributes: dict[str, Any]
     #: The spans this one links to: (trace id, span id), hex.
     links: tuple[tuple[str, str], ...] = ()
+    #: Each link's attributes, in the order of :attr:`links`.
+    link_attributes: tuple[dict[str, Any], ...] = ()
+    #: The span's events: (name, attributes).
+    events: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+    def exported_text(self) -> str:
+        """Every name, key and value the span was exported with (its own, its events',
+        its links'), as one text to search."""
+        parts: list[object] = [self.service, self.name, self.attributes, *self.link_attributes]
+        parts += [part for event in self.events for part in event]
+        return repr(parts)
 
 
 class Receiver:
@@ -92,10 +103,12 @@ class Receiver:
                             trace_id=s.trace_id.hex(),
                             span_id=s.span_id.hex(),
                             parent=s.parent_span_id.hex(),
-                            attributes={a.key: _value(a.value) for a in s.attributes},
+                            attributes=_attributes(s.attributes),
                             links=tuple(
                                 (link.trace_id.hex(), link.span_id.hex()) for link in s.links
                             ),
+                            link_attributes=tuple(_attributes(link.attributes) for link in s.links),
+                            events=tuple((e.name, _attributes(e.attributes)) for e in s.events),
                         )
                     )
         with self.lock:
@@ -104,6 +117,11 @@ class Receiver:
     def of_trace(self, trace_id: str) -> list[Got]:
         with self.lock:
             return [s for s in self.spans if s.trace_id == trace_id]
+
+
+def _attributes(attributes: Any) -> dict[str, Any]:
+    """OTLP ``KeyValue``s as a dict."""
+    return {a.key: _value(a.value) for a in attributes}
 
 
 def _value(v: Any) -> Any:

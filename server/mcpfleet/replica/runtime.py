@@ -71,7 +71,7 @@ from mcpfleet.replica.limitgate import LimitGate
 from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
-from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
+from mcpfleet.replica.tracing import TracedRequests, request_principal, traced_codec_events
 from mcpfleet.sigterm import SigtermFirstServer
 from mcpfleet.tasks import (
     FleetTasks,
@@ -561,7 +561,7 @@ def run_replica(config: ReplicaConfig) -> None:
     ring = read_ring(config.keys_dir)
     # Traces, when the OTEL_* environment asks for them: before the app is loaded,
     # so FastMCP's spans stay on (appload.quiet_telemetry) and join the request's.
-    tracing.configure("mcpfleet-replica", config.resolved_name())
+    tracing.configure("mcpfleet-replica", config.resolved_name(), principal=request_principal)
     for name in SESSION_ID_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     replica = Replica(config, ring)

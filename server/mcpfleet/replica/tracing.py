@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpfleet import tracing
 from mcpfleet.contract import MCP_PATH
+from mcpfleet.limits import principal_digest
 
 _ROUTES = frozenset({MCP_PATH})
 
@@ -66,3 +67,24 @@ def traced_codec_events(observe: Callable[[str, str], None]) -> Callable[[str, s
             tracing.note(attribute, value)
 
     return observed
+
+
+def request_principal() -> str | None:
+    """The digest of the principal the running request was authenticated as (the one
+    the limits count it under: :func:`mcpfleet.limits.principal_digest`), or None
+    without auth. Read as FastMCP reads the token it names in ``enduser.id``."""
+    from fastmcp.server.dependencies import get_access_token
+
+    token = get_access_token()
+    if token is None:
+        return None
+    return principal_digest({"user": _Authenticated(token)})
+
+
+class _Authenticated:
+    """What an ASGI scope's ``user`` holds once the app's auth verified a token."""
+
+    __slots__ = ("access_token",)
+
+    def __init__(self, access_token: object) -> None:
+        self.access_token = access_token
