@@ -9,6 +9,7 @@ import pytest
 
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.router import table as router_table
+from mcpfleet.router.decisions import place_session
 from mcpfleet.router.table import Health, ReplicaView, ViewState, merge_registry
 
 
@@ -126,6 +127,54 @@ async def test_placements_count_until_an_attestation_includes_them(view: View) -
     registry["value"] = {"a": _att("a", 3), "b": _att("b", 3)}
     await v.refresh()
     assert {c.name: c.sessions for c in v.serving()} == {"a": 0, "b": 0}
+
+
+async def test_an_initialize_in_flight_holds_a_place_and_a_refused_one_gives_it_back(
+    view: View,
+) -> None:
+    """An ``initialize`` counts on its replica while in flight; answered without a
+    session (a 429, a 5xx, a dropped connection) it gives its place back at once,
+    answered with one it is a placement until the attestations include it."""
+    v, registry, _ = view
+    registry["value"] = {"a": _att("a", 1)}
+    await v.refresh()
+    refused = v.placing("a")
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 1}
+    refused.close()
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 0}
+    assert v.opening == {}, "no name kept for a replica with nothing in flight"
+    with v.placing("a") as place:
+        place.opened()
+        place.opened()  # settled once: counted once
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 1}
+    assert v.state.placed == {"a": [1]}
+    for _ in range(50):  # a loop of refused initializes leaves nothing behind
+        with v.placing("a"):
+            pass
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 1}
+
+
+async def test_initializes_in_flight_count_against_the_cap_so_a_burst_cannot_overshoot_it(
+    view: View,
+) -> None:
+    v, registry, _ = view
+    att = Attestation(
+        name="a", address="http://a", state="serving", kids=("k",), heartbeat=1, sessions=2
+    )
+    registry["value"] = {"a": att, "b": _att("b", 1)}
+    await v.refresh()
+    cap = 3
+    burst = []
+    for _ in range(4):
+        choice = place_session(v.serving(), cap)
+        assert choice is not None
+        burst.append(v.placing(choice.name))
+    # a: 2 sessions + 1 in flight; b: 3 in flight: both full until an answer comes.
+    assert sorted(p.name for p in burst) == ["a", "b", "b", "b"]
+    assert place_session(v.serving(), cap) is None
+    next(p for p in burst if p.name == "a").close()  # refused: its place is free at once
+    choice = place_session(v.serving(), cap)
+    assert choice is not None and choice.name == "a"
 
 
 async def test_placements_ignore_the_replicas_wall_clock(view: View) -> None:

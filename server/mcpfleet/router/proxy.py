@@ -92,7 +92,14 @@ from mcpfleet.router.rehome import (
     split_route,
     swap_session,
 )
-from mcpfleet.router.table import Health, LookupSource, RedisDown, ReplicaView, SessionTable
+from mcpfleet.router.table import (
+    Health,
+    LookupSource,
+    Placement,
+    RedisDown,
+    ReplicaView,
+    SessionTable,
+)
 from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")
@@ -440,9 +447,13 @@ class Router:
             replica = self.view.get(choice.name)
             if replica is None:
                 continue
-            if kind is RouteKind.INITIALIZE:
-                self.view.note_placement(choice.name)
-            outcome = await self._forward(x, kind, replica.name, replica.address)
+            # An initialize holds a place on the replica until its answer.
+            place = self.view.placing(replica.name) if kind is RouteKind.INITIALIZE else None
+            try:
+                outcome = await self._forward(x, kind, replica.name, replica.address, place=place)
+            finally:
+                if place is not None:
+                    place.close()
             if isinstance(outcome, Failure) and outcome.nothing_processed:
                 if outcome is Failure.REFUSED and await self.view.after_refusal(
                     replica.name, replica.address
@@ -471,6 +482,7 @@ class Router:
         name: str,
         address: str,
         alias: tuple[bytes, bytes] | None = None,
+        place: Placement | None = None,
     ) -> int | Failure:
         """Forward the request of ``x`` to replica ``name`` through :attr:`upstream`.
 
@@ -479,7 +491,8 @@ class Router:
         replica's headers arrived, and the session's route is forgotten when the
         replica marks its 404 as "no such session" (an unmarked 404 answers a
         credential that is not the session's: the session lives on). ``alias``:
-        the owner's and the client's ids of a re-homed session. Returns the
+        the owner's and the client's ids of a re-homed session; ``place``: an
+        ``initialize``'s place on the replica, a session's once one opened. Returns the
         status relayed to the client, or the :class:`Failure` that stopped it.
         """
         session = x.session
@@ -509,8 +522,8 @@ class Router:
                 await self.upstream.decline(upstream)
                 return Failure.DRAINING
             # A session opened or ended (rare: the common path only tests for it).
-            if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                await self._record(x, name, upstream)
+            if place is not None and 200 <= upstream.status < 300:
+                await self._record(x, name, upstream, place)
             elif session is not None and session_ended(upstream):
                 await self._forget(session, upstream)
             self._observe_latency(kind, x.started)
@@ -529,12 +542,14 @@ class Router:
         exemplar = tracing.exemplar() if tracing.ON else None
         self.metrics.observe_latency(kind.value, time.perf_counter() - started, exemplar)
 
-    async def _record(self, x: Exchange, name: str, upstream: Response) -> None:
-        """An ``initialize`` was answered 200: the session it opened is routed to ``name``
-        (before the client has the answer). On any error the upstream response is closed."""
+    async def _record(self, x: Exchange, name: str, upstream: Response, place: Placement) -> None:
+        """An ``initialize`` was answered 2xx: the session it opened (if it names one)
+        counts on ``name`` and is routed to it (before the client has the answer). On
+        any error the upstream response is closed."""
         try:
             created = upstream.headers.get(SESSION_HEADER)
             if created and valid_session_id(created):
+                place.opened()
                 init = self.rehomer.init_record(upstream, x.body)
                 await self.sessions.record(created, name, init)
         except BaseException:
