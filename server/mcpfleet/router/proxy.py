@@ -85,6 +85,7 @@ from mcpfleet.router.exchange import (
 from mcpfleet.router.h1 import Response
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
+from mcpfleet.router.refused import RefusedCredentials, refuse
 from mcpfleet.router.rehome import (
     OwnerGone,
     Rehomer,
@@ -151,6 +152,8 @@ class Router:
         )
         # Tracing: the client's traceparent is replaced by the router's span's.
         self.upstream = Upstream(config.connect_timeout, own_traceparent=tracing.ON)
+        #: Credentials a replica refused under a rate, refused here until their time.
+        self.refused = RefusedCredentials()
         #: What becomes of a session whose owner is gone (the 404, or a move).
         self.rehomer = Rehomer(
             config, self.sessions, self.view, self.upstream, self.metrics, self.health
@@ -325,6 +328,10 @@ class Router:
                 send, 400, jsonrpc_error(ErrorCode.PARSE_ERROR, "Parse error: the body is not JSON")
             )
             return kind.value, RequestOutcome.REJECTED
+        if self.refused.memory and (held := self.refused.held(x)) is not None:
+            # A replica refused this credential under its rate: until then, refused here.
+            await refuse(x, held)
+            return kind.value, RequestOutcome.LIMITED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(x)
         else:
@@ -487,13 +494,12 @@ class Router:
         """Forward the request of ``x`` to replica ``name`` through :attr:`upstream`.
 
         Around the forwarding itself: the request counts in flight while it
-        runs, a new session is recorded and the latency observed once the
-        replica's headers arrived, and the session's route is forgotten when the
-        replica marks its 404 as "no such session" (an unmarked 404 answers a
-        credential that is not the session's: the session lives on). ``alias``:
-        the owner's and the client's ids of a re-homed session; ``place``: an
-        ``initialize``'s place on the replica, a session's once one opened. Returns the
-        status relayed to the client, or the :class:`Failure` that stopped it.
+        runs; once the replica's headers arrived a new session is recorded, a
+        rate refusal learnt, the latency observed; the session's route is forgotten
+        when the replica marks its 404 as "no such session" (an unmarked 404 answers
+        a credential that is not the session's). ``alias``: the owner's and the
+        client's ids of a re-homed session; ``place``: an ``initialize``'s place on
+        the replica. Returns the status relayed, or the :class:`Failure` that stopped it.
         """
         session = x.session
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
@@ -512,8 +518,7 @@ class Router:
                 # The request may have been processed: never re-sent. The caller answers.
                 return Failure.DROPPED
             except _ClientLeft:
-                # The client left before the replica answered: closing the upstream
-                # connection cancels a stateless request on the replica.
+                # The client left before the answer: the closed upstream cancels it.
                 self._cancelled(kind, x, address)
                 return Failure.DISCONNECTED
             if isinstance(upstream, Failure):
@@ -521,11 +526,13 @@ class Router:
             if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
                 await self.upstream.decline(upstream)
                 return Failure.DRAINING
-            # A session opened or ended (rare: the common path only tests for it).
+            # A session opened or ended, a rate refusal (rare: the common path only tests).
             if place is not None and 200 <= upstream.status < 300:
                 await self._record(x, name, upstream, place)
             elif session is not None and session_ended(upstream):
                 await self._forget(session, upstream)
+            elif upstream.status == 429:
+                self.refused.learn(x, upstream)
             self._observe_latency(kind, x.started)
             result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
