@@ -31,6 +31,8 @@ from mcpfleet.limits import (
 )
 from mcpfleet.limits._refusals import MAX_SECONDS
 from mcpfleet.replica.limitgate import LimitGate, RefusedCredentials
+from mcpfleet.router.exchange import Exchange
+from mcpfleet.router.refused import RefusedCredentials as RouterRefusals
 
 
 class Clock:
@@ -243,3 +245,49 @@ def test_initialize_requests_are_rated_and_a_session_cap_is_never_remembered() -
     assert REFUSED_HEADER.lower() in headers and len(stack.limiter.credentials) == 1
     served = stack.served
     assert stack.post("Bearer bob", initialize(5))[0] == 200 and stack.served == served + 1
+
+
+# --- the router's memory --------------------------------------------------------------
+
+
+BY_TOKEN = format_refused(0.5, "rounds", "token").decode()
+BY_ADDRESS = format_refused(0.5, "rounds", "address").decode()
+
+
+def exchange(body: dict[str, Any], *headers: tuple[bytes, bytes]) -> Exchange:
+    async def nothing(*_: Any) -> Any:
+        return None
+
+    scope = {"method": "POST", "headers": list(headers), "client": ("10.0.0.1", 4000)}
+    by_name = {k.decode(): v.decode() for k, v in headers}
+    return Exchange(scope, nothing, nothing, by_name, json.dumps(body).encode(), 0.0, None)
+
+
+def test_the_router_refuses_the_same_credential_only_and_only_requests() -> None:
+    refused = RouterRefusals()
+    alice = (b"authorization", b"Bearer alice-1")
+    refused.learn_header(exchange(call(1), alice), BY_TOKEN)
+    held = refused.held(exchange(call(2), alice))
+    assert held is not None and held.limit == "rounds"
+    assert refused.held(exchange(call(3), (b"authorization", b"Bearer bob"))) is None
+    assert refused.held(exchange({"jsonrpc": "2.0", "method": "notifications/x"}, alice)) is None
+    assert refused.held(exchange(call(4))) is None, "no credential: not alice's"
+    # A cap's 429 (no header) is never remembered.
+    bob = (b"authorization", b"Bearer bob")
+    refused.learn_header(exchange(call(5), bob), None)
+    assert refused.held(exchange(call(6), bob)) is None
+
+
+def test_the_router_keys_an_unauthenticated_refusal_on_what_its_address_is_read_from() -> None:
+    refused = RouterRefusals()
+    behind = (b"x-forwarded-for", b"203.0.113.5")
+    refused.learn_header(exchange(call(1), behind), BY_ADDRESS)
+    assert refused.held(exchange(call(2), behind)) is not None
+    assert refused.held(exchange(call(3), (b"x-forwarded-for", b"203.0.113.6"))) is None
+    assert refused.held(exchange(call(4))) is None
+    # An app without auth reads the address even of a request with a credential.
+    token = (b"authorization", b"Bearer shared-key")
+    refused.learn_header(exchange(call(5), token), BY_ADDRESS)
+    assert refused.held(exchange(call(6), token)) is not None
+    # Another key (the replica reads the same address, and refuses it itself).
+    assert refused.held(exchange(call(7), token, behind)) is None

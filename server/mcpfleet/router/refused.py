@@ -64,7 +64,11 @@ class RefusedCredentials:
     def learn(self, x: Exchange, upstream: Response) -> None:
         """A replica answered ``x`` with a 429: remember its credential if the refusal
         holds for every request of the principal until a time."""
-        refused = parse_refused(upstream.headers.get(REFUSED_HEADER))
+        self.learn_header(x, upstream.headers.get(REFUSED_HEADER))
+
+    def learn_header(self, x: Exchange, value: str | None) -> None:
+        """:meth:`learn` from the ``X-Mcpfleet-Refused`` value of the 429 (None: none)."""
+        refused = parse_refused(value)
         if refused is None:
             return
         seconds, limit, by = refused
