@@ -191,14 +191,16 @@ class LimitGate:
         _count(self.observer, self._labels, refusal, body)
         extra: list[tuple[bytes, bytes]] = []
         if refusal.principal_wide:
+            # Remembered until the Retry-After the client is told (whole seconds).
+            seconds = refusal.retry_seconds
             token = getattr(scope.get("user"), "access_token", None) is not None
             authorization = _header(scope, _AUTHORIZATION) if token else None
             if authorization is not None:
                 self.limiter.credentials.remember(
-                    credential_key(authorization), refusal.retry_after, refusal.limit
+                    credential_key(authorization), seconds, refusal.limit
                 )
             by = "token" if authorization is not None else "address"
-            extra.append((_REFUSED, format_refused(refusal.retry_after, refusal.limit, by)))
+            extra.append((_REFUSED, format_refused(seconds, refusal.limit, by)))
         await _answer_refusal(send, refusal, body, extra)
 
     def tool_label(self, tool: str | None) -> str:
