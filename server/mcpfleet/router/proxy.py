@@ -5,11 +5,16 @@ Per request (see :mod:`mcpfleet.router.decisions` for the pure decisions):
 * ``Mcp-Session-Id`` present: to the session's owner (cache, then Redis). An
   owner that is gone, unknown, or refuses the connection gets the spec's 404
   at once and the entry is dropped, so the client re-initializes.
-* ``initialize``: to the serving replica with the fewest sessions; the new
+* ``initialize``: to the serving replica with the fewest sessions (those in
+  flight to it count, one answered without a session does not); the new
   session id is written to Redis before the response reaches the client, so
   any router can route the session's next request.
 * everything else (modern era, sessionless): to any serving replica, chosen
   by power of two choices on requests in flight, with no Redis on the path.
+
+A credential a replica refused under its principal's rate is refused by the
+router itself, from memory, until the ``Retry-After`` the replica gave
+(:mod:`~mcpfleet.router.refused`, docs/limits.md).
 
 With ``--rehome-sessions`` (:mod:`~mcpfleet.router.rehome`, docs/rehome.md), a
 session whose owner is gone is opened again on a live replica instead of the
