@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -177,6 +178,26 @@ async def test_initializes_in_flight_count_against_the_cap_so_a_burst_cannot_ove
     assert choice is not None and choice.name == "a"
 
 
+async def test_a_new_session_waiting_for_a_place_wakes_when_an_initialize_is_answered(
+    view: View,
+) -> None:
+    """Where only ``initialize`` requests in flight fill the cap, a new session waits for
+    one of them to be answered (a refused one frees its place) rather than the 503."""
+    v, registry, _ = view
+    registry["value"] = {"a": _att("a", 1)}
+    await v.refresh()
+    in_flight = v.placing("a")
+    assert place_session(v.serving(), 1) is None and v.opening_to(v.serving())
+    waiter = asyncio.ensure_future(v.place_freed(5.0))
+    await asyncio.sleep(0)  # the waiter waits
+    assert not waiter.done()
+    in_flight.close()  # refused: its place is given back, and the waiter looks again
+    await asyncio.wait_for(waiter, 1.0)  # (the fixture's clock stands still: woken, not timed out)
+    choice = place_session(v.serving(), 1)
+    assert choice is not None and choice.name == "a"
+    assert not v.opening_to(v.serving())
+
+
 async def test_placements_ignore_the_replicas_wall_clock(view: View) -> None:
     """A replica whose clock is hours behind (or ahead) still has its placements settle."""
     v, registry, _ = view
@@ -227,3 +248,12 @@ def test_a_draining_replica_that_leaves_the_registry_is_gone_at_once() -> None:
     after = merge_registry(before, {}, 1.5, missing_grace=2.0, absent_limit=10.0)
     assert "a" not in after.replicas and "a" not in after.last_seen
     assert "b" in after.replicas and after.last_seen["b"] == ("http://b", 1.0)
+
+
+async def test_waiting_for_a_place_is_bounded_by_its_timeout() -> None:
+    client: Any = None
+    v = ReplicaView(client=client, keys=RedisKeys("t"), health=Health())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await v.place_freed(0.05)  # nothing in flight: nothing wakes it but the timeout
+    assert 0.04 <= loop.time() - started < 1.0

@@ -65,10 +65,12 @@ from mcpfleet.config import RouterConfig
 from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import parses_as_json
+from mcpfleet.limits import Held
 from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
+    Candidate,
     OriginPolicy,
     RouteKind,
     cancellations,
@@ -110,6 +112,10 @@ from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")
 _T = TypeVar("_T")
+
+#: Seconds a new session waits for a place where only ``initialize`` requests in
+#: flight fill every replica's ``--session-cap`` (a refused one gives its place back).
+PLACE_WAIT = 1.0
 
 #: The paths the router names as ``http.route`` in its spans (any other: none).
 _ROUTES = frozenset({MCP_PATH})
@@ -448,11 +454,14 @@ class Router:
     async def _spread(self, x: Exchange, kind: RouteKind) -> RequestOutcome | Failure:
         tried: set[str] = set()
         for _ in range(self.config.attempts):
-            candidates = self.view.serving(exclude=tried)
             if kind is RouteKind.INITIALIZE:
-                choice = place_session(candidates, self.config.session_cap)
+                placed = await self._placement(x, tried)
+                if isinstance(placed, Held):
+                    await refuse(x, placed)
+                    return RequestOutcome.LIMITED
+                choice = placed
             else:
-                choice = pick_stateless(candidates)
+                choice = pick_stateless(self.view.serving(exclude=tried))
             if choice is None:
                 break
             tried.add(choice.name)
@@ -486,6 +495,29 @@ class Router:
         message = "All replicas are at their session cap" if full else "No serving replica"
         await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, message)
         return RequestOutcome.NO_REPLICA
+
+    async def _placement(self, x: Exchange, tried: set[str]) -> Candidate | Held | None:
+        """The replica for the new session of ``x`` (None: every one is full).
+
+        Where only ``initialize`` requests in flight fill the cap, it waits (at most
+        :data:`PLACE_WAIT` seconds) for one to be answered: a refused one gives its
+        place back at once, and a credential a replica refused meanwhile is refused
+        here from memory (the :class:`Held` returned) rather than waiting on.
+        """
+        cap = self.config.session_cap
+        deadline: float | None = None
+        while True:
+            candidates = self.view.serving(exclude=tried)
+            choice = place_session(candidates, cap)
+            if choice is not None or not self.view.opening_to(candidates):
+                return choice
+            now = time.monotonic()
+            deadline = now + PLACE_WAIT if deadline is None else deadline
+            if now >= deadline:
+                return None
+            await self.view.place_freed(deadline - now)
+            if self.refused.memory and (held := self.refused.held(x)) is not None:
+                return held
 
     async def _forward(
         self,

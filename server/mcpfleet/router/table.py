@@ -18,6 +18,7 @@ one router re-homes it; a re-homed session's route names its new owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -136,11 +137,15 @@ class Placement:
         if self.settled:
             return False
         self.settled = True
-        left = self._view.opening.get(self.name, 1) - 1
+        view = self._view
+        left = view.opening.get(self.name, 1) - 1
         if left > 0:
-            self._view.opening[self.name] = left
+            view.opening[self.name] = left
         else:
-            self._view.opening.pop(self.name, None)
+            view.opening.pop(self.name, None)
+        # Whoever waits for a place looks again (ReplicaView.place_freed).
+        freed, view._freed = view._freed, asyncio.Event()
+        freed.set()
         return True
 
     def opened(self) -> None:
@@ -231,6 +236,8 @@ class ReplicaView:
     #: ``initialize`` requests in flight per replica (:class:`Placement`): each
     #: holds a place against the session cap until its answer.
     opening: dict[str, int] = field(default_factory=dict)
+    #: Set (and replaced) whenever an ``initialize`` in flight is answered.
+    _freed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     refreshed: float = 0.0
     _refreshing: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -264,6 +271,18 @@ class ReplicaView:
     def placing(self, name: str) -> Placement:
         """An ``initialize`` forwarded to ``name`` now: its place, settled by the answer."""
         return Placement(self, name)
+
+    def opening_to(self, candidates: list[Candidate]) -> bool:
+        """Whether an ``initialize`` is in flight to any of ``candidates``."""
+        return any(c.name in self.opening for c in candidates)
+
+    async def place_freed(self, timeout: float) -> None:
+        """Return once an ``initialize`` in flight is answered (its place may be free
+        again), or after ``timeout`` seconds."""
+        freed = self._freed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await freed.wait()
 
     def get(self, name: str) -> Attestation | None:
         return self.state.replicas.get(name)
