@@ -318,7 +318,8 @@ def test_a_handshake_sessions_rounds_are_rated_too_and_answered_with_their_reque
             assert http.post(fleet.url, json=note, headers=headers).status_code == 202
             close_session(http, fleet.url, session, gina)
         statuses = [a.status_code for a in answers]
-        assert statuses[:3] == [200, 200, 200] and 429 in statuses, statuses
+        # The initialize was a round of the burst of 3: two more, then refused.
+        assert statuses[:2] == [200, 200] and 429 in statuses, statuses
         refused = next(a for a in answers if a.status_code == 429)
         assert_limited(refused, "rounds")
         assert refused.json()["id"] == 100 + statuses.index(429)

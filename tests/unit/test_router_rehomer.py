@@ -111,6 +111,22 @@ def attestation(name: str, state: str = "serving") -> Attestation:
     )
 
 
+class FakePlacement:
+    """A re-home's place on a replica: a placement once the replica opened the session."""
+
+    def __init__(self, view: FakeView, name: str) -> None:
+        self.view, self.name = view, name
+
+    def opened(self) -> None:
+        self.view.note_placement(self.name)
+
+    def __enter__(self) -> FakePlacement:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
 class FakeView:
     """The replica view: ``r0`` (the gone owner, no longer serving) and live replicas."""
 
@@ -130,6 +146,9 @@ class FakeView:
 
     def note_placement(self, name: str) -> None:
         self.placed.append(name)
+
+    def placing(self, name: str) -> FakePlacement:
+        return FakePlacement(self, name)
 
     async def after_refusal(self, name: str, address: str) -> bool:
         return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet.router import table as router_table
+from mcpfleet.router.decisions import place_session
 from mcpfleet.router.table import Health, ReplicaView, ViewState, merge_registry
 
 
@@ -128,6 +130,74 @@ async def test_placements_count_until_an_attestation_includes_them(view: View) -
     assert {c.name: c.sessions for c in v.serving()} == {"a": 0, "b": 0}
 
 
+async def test_an_initialize_in_flight_holds_a_place_and_a_refused_one_gives_it_back(
+    view: View,
+) -> None:
+    """An ``initialize`` counts on its replica while in flight; answered without a
+    session (a 429, a 5xx, a dropped connection) it gives its place back at once,
+    answered with one it is a placement until the attestations include it."""
+    v, registry, _ = view
+    registry["value"] = {"a": _att("a", 1)}
+    await v.refresh()
+    refused = v.placing("a")
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 1}
+    refused.close()
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 0}
+    assert v.opening == {}, "no name kept for a replica with nothing in flight"
+    with v.placing("a") as place:
+        place.opened()
+        place.opened()  # settled once: counted once
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 1}
+    assert v.state.placed == {"a": [1]}
+    for _ in range(50):  # a loop of refused initializes leaves nothing behind
+        with v.placing("a"):
+            pass
+    assert {c.name: c.sessions for c in v.serving()} == {"a": 1}
+
+
+async def test_initializes_in_flight_count_against_the_cap_so_a_burst_cannot_overshoot_it(
+    view: View,
+) -> None:
+    v, registry, _ = view
+    att = Attestation(
+        name="a", address="http://a", state="serving", kids=("k",), heartbeat=1, sessions=2
+    )
+    registry["value"] = {"a": att, "b": _att("b", 1)}
+    await v.refresh()
+    cap = 3
+    burst = []
+    for _ in range(4):
+        choice = place_session(v.serving(), cap)
+        assert choice is not None
+        burst.append(v.placing(choice.name))
+    # a: 2 sessions + 1 in flight; b: 3 in flight: both full until an answer comes.
+    assert sorted(p.name for p in burst) == ["a", "b", "b", "b"]
+    assert place_session(v.serving(), cap) is None
+    next(p for p in burst if p.name == "a").close()  # refused: its place is free at once
+    choice = place_session(v.serving(), cap)
+    assert choice is not None and choice.name == "a"
+
+
+async def test_a_new_session_waiting_for_a_place_wakes_when_an_initialize_is_answered(
+    view: View,
+) -> None:
+    """Where only ``initialize`` requests in flight fill the cap, a new session waits for
+    one of them to be answered (a refused one frees its place) rather than the 503."""
+    v, registry, _ = view
+    registry["value"] = {"a": _att("a", 1)}
+    await v.refresh()
+    in_flight = v.placing("a")
+    assert place_session(v.serving(), 1) is None and v.opening_to(v.serving())
+    waiter = asyncio.ensure_future(v.place_freed(5.0))
+    await asyncio.sleep(0)  # the waiter waits
+    assert not waiter.done()
+    in_flight.close()  # refused: its place is given back, and the waiter looks again
+    await asyncio.wait_for(waiter, 1.0)  # (the fixture's clock stands still: woken, not timed out)
+    choice = place_session(v.serving(), 1)
+    assert choice is not None and choice.name == "a"
+    assert not v.opening_to(v.serving())
+
+
 async def test_placements_ignore_the_replicas_wall_clock(view: View) -> None:
     """A replica whose clock is hours behind (or ahead) still has its placements settle."""
     v, registry, _ = view
@@ -178,3 +248,12 @@ def test_a_draining_replica_that_leaves_the_registry_is_gone_at_once() -> None:
     after = merge_registry(before, {}, 1.5, missing_grace=2.0, absent_limit=10.0)
     assert "a" not in after.replicas and "a" not in after.last_seen
     assert "b" in after.replicas and after.last_seen["b"] == ("http://b", 1.0)
+
+
+async def test_waiting_for_a_place_is_bounded_by_its_timeout() -> None:
+    client: Any = None
+    v = ReplicaView(client=client, keys=RedisKeys("t"), health=Health())
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await v.place_freed(0.05)  # nothing in flight: nothing wakes it but the timeout
+    assert 0.04 <= loop.time() - started < 1.0

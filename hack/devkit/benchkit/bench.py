@@ -474,6 +474,12 @@ def main() -> None:
         help="only the router's CPU per round for a 1 MiB answer beside a 1 KiB one"
         " (benchkit.answersize)",
     )
+    parser.add_argument(
+        "--flood-only",
+        action="store_true",
+        help="only another principal's latency while one floods 16 threads of rounds, limits"
+        " on and off (benchkit.floodbench)",
+    )
     args = parser.parse_args()
     # A run stopped from outside (SIGTERM) unwinds as Ctrl-C does: each fleet,
     # Redis, nginx and wrk it started is stopped by its context manager (before,
@@ -513,6 +519,13 @@ def main() -> None:
         print(render(answer_size_rows(args.quick)))
         print(f"\n{_took(started)}; {_load()}")
         return
+    if args.flood_only:
+        from benchkit.floodbench import flood_rows
+
+        print(f"mcpfleet bench, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        print(render(flood_rows(args.quick)))
+        print(f"\n{_took(started)}; {_load()}")
+        return
     results = Figures()
     rows = asyncio.run(measure(args.quick, results, args.scale_only))
     from benchkit.sessionbench import measure_sessions
@@ -531,6 +544,9 @@ def main() -> None:
         from benchkit.listenbench import listen_rows  # notifications to 1,000 listen streams
 
         rows += listen_rows(args.quick)
+        from benchkit.floodbench import flood_rows  # a flooding principal, limits on and off
+
+        rows += flood_rows(args.quick)
     if not args.scale_only:
         from benchkit.oncebench import once_rows
 

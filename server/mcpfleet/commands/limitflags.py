@@ -34,7 +34,8 @@ def add_flags(s: argparse.ArgumentParser, rep: Any) -> None:
         "--limit-rounds",
         type=non_negative,
         default=rep.limit_rounds,
-        help="requests per second one principal sends, fleet-wide; 0: no limit"
+        help="requests per second one principal sends (initialize included), fleet-wide;"
+        " 0: no limit"
         f" (default {rep.limit_rounds:g})",
     )
     s.add_argument(

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from mcpfleet.contract import RedisKeys
+from mcpfleet.limits._refusals import RefusalMemory
 from mcpfleet.limits._rules import LimitRules, Rate
 from mcpfleet.limits._store import CapStore, RateStore
 
@@ -73,11 +74,18 @@ class LimitObserver(Protocol):
 
 @dataclass(frozen=True)
 class Refusal:
-    """A request refused under ``limit``: what the client is told."""
+    """A request refused under ``limit``: what the client is told.
+
+    ``principal_wide``: every request of the principal is refused until
+    ``retry_after`` (its own rate, not a tool's, not a cap that ends when
+    something it holds ends): what may be refused from memory by credential
+    (:mod:`mcpfleet.limits._refusals`).
+    """
 
     limit: str
     retry_after: float
     message: str
+    principal_wide: bool = False
 
     @property
     def retry_seconds(self) -> int:
@@ -149,6 +157,9 @@ class Limiter:
         #: Listen streams open here with a limit on: place -> principal.
         self.listens: dict[str, str] = {}
         self._listen_held: dict[str, int] = {}
+        #: Tokens refused under a rate, refused again before the app's token check
+        #: until their time (mcpfleet.limits._refusals).
+        self.credentials = RefusalMemory()
 
     def attach(self, client: Any) -> None:
         """Count fleet-wide in the Redis ``client`` reaches (anything with ``eval``)."""
@@ -156,9 +167,11 @@ class Limiter:
         self.caps = CapStore(client)
 
     def set_rules(self, rules: LimitRules) -> None:
-        """Put ``rules`` in force; leases taken under the old ones are dropped."""
+        """Put ``rules`` in force; leases taken and credentials refused under the old
+        ones are dropped."""
         self.rules = rules
         self._leases.clear()
+        self.credentials.clear()
 
     # -- rounds ------------------------------------------------------------------
 
@@ -168,7 +181,7 @@ class Limiter:
         if not rate.unlimited:
             refused = await self._take(principal, "", rate)
             if refused is not None:
-                return self._refused("rounds", principal, refused, rate, tool)
+                return self._refused("rounds", principal, refused, rate, tool, wide=True)
         if tool is not None and self.rules.tools:
             tool_rate = self.rules.tool_rate(tool)
             if tool_rate is not None and not tool_rate.unlimited:
@@ -373,15 +386,22 @@ class Limiter:
     # -- refusals ------------------------------------------------------------------
 
     def _refused(
-        self, limit: str, principal: str, wait: float, rate: Rate, tool: str | None
+        self,
+        limit: str,
+        principal: str,
+        wait: float,
+        rate: Rate,
+        tool: str | None,
+        *,
+        wide: bool = False,
     ) -> Refusal:
-        scope = f" of tool {tool!r}" if tool and self.rules.tool_rate(tool) is rate else ""
+        scope = f" of tool {tool!r}" if tool and not wide else ""
         message = (
             f"Rate limited: rounds{scope} over {rate.rate:g}/s (burst {rate.effective_burst()})"
             f" for this principal; retry after {max(1, math.ceil(wait))} s"
         )
         self._note(limit, principal, tool or "")
-        return Refusal(limit, wait, message)
+        return Refusal(limit, wait, message, principal_wide=wide)
 
     def _refused_cap(self, limit: str, principal: str, cap: int, wait: float) -> Refusal:
         message = (

@@ -19,7 +19,14 @@ and before the MCP transport sees the request:
   Nothing of the request ran;
 * a ``subscriptions/listen`` (a round too) must find a place in the principal's
   listen streams, held for as long as the stream's response lasts and given
-  back the moment it ends (the client left, the stream was ended here).
+  back the moment it ends (the client left, the stream was ended here);
+* an ``initialize`` is a round as well (the principal's rate bounds how often
+  it may try to open a session), checked before its place;
+* refused under the principal's own rate, the ``429`` says until when in
+  ``X-Mcpfleet-Refused`` (routers then refuse the same credential from memory,
+  mcpfleet.limits._refusals), and a token so refused is remembered here:
+  :class:`RefusedCredentials`, in front of the app's auth, refuses it again
+  before its token is checked, until then.
 
 With no limit set, requests pass through untouched.
 """
@@ -38,13 +45,19 @@ from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.jsonbody import is_initialize, is_request, load, may_name, method_of
 from mcpfleet.limits import (
     CURRENT_PRINCIPAL,
+    REFUSED_HEADER,
     Limiter,
     LimitObserver,
     Refusal,
+    credential_key,
+    format_refused,
     principal_of,
 )
 
-__all__ = ["MAX_TOOL_LABELS", "LimitGate"]
+__all__ = ["MAX_TOOL_LABELS", "LimitGate", "RefusedCredentials"]
+
+_AUTHORIZATION: Final = b"authorization"
+_REFUSED: Final = REFUSED_HEADER.lower().encode()
 
 _SESSION: Final = SESSION_HEADER.lower().encode()
 _VERSION: Final = PROTOCOL_VERSION_HEADER.lower().encode()
@@ -71,7 +84,7 @@ class LimitGate:
         self.limiter = limiter
         self.trusted_hops = trusted_hops
         self.anonymous: Literal["address", "shared"] = anonymous
-        self._tools: set[str] = set()
+        self._labels = _ToolLabels()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.limiter.rules.any or scope["path"] not in _PATHS:
@@ -92,12 +105,11 @@ class LimitGate:
             if body is None:  # too large to hold here: the transport refuses it
                 await self.app(scope, replay, send)
             elif session is None and not modern and is_initialize(body):
-                await self._initialize(scope, replay, send, principal)
+                await self._initialize(scope, replay, send, principal, body)
             elif is_request(body):
                 refusal = await self.limiter.round(principal, self._tool(body))
                 if refusal is not None:
-                    self._count(refusal, body)
-                    await _refuse(send, refusal, body)
+                    await self._refuse(scope, send, refusal, body)
                     return
                 if (
                     may_name(body, b"subscriptions/listen")
@@ -117,8 +129,7 @@ class LimitGate:
         """A listen stream, in a place of the principal's for as long as it is open."""
         refusal, place = await self.limiter.admit_listen(principal)
         if refusal is not None:
-            self._count(refusal, body)
-            await _refuse(send, refusal, body)
+            await self._refuse(scope, send, refusal, body)
             return
         try:
             await self.app(scope, receive, send)
@@ -132,12 +143,16 @@ class LimitGate:
             return None
         return _tool_name(body)
 
-    async def _initialize(self, scope: Scope, receive: Receive, send: Send, principal: str) -> None:
+    async def _initialize(
+        self, scope: Scope, receive: Receive, send: Send, principal: str, body: bytes
+    ) -> None:
         limiter = self.limiter
-        refusal, pending = await limiter.admit_session(principal)
+        # A round first: the principal's rate bounds its tries, refused from memory.
+        refusal, pending = await limiter.round(principal), None
+        if refusal is None:
+            refusal, pending = await limiter.admit_session(principal)
         if refusal is not None:
-            self._count(refusal, None)
-            await _refuse(send, refusal, None)
+            await self._refuse(scope, send, refusal, body)
             return
         opened: str | None = None
 
@@ -170,14 +185,89 @@ class LimitGate:
 
         await self.app(scope, receive, watched)
 
-    def _count(self, refusal: Refusal, body: bytes | None) -> None:
-        tracing.note("mcpfleet.limited", refusal.limit)
-        if self.observer is not None:
-            tool = _tool_name(body) if body is not None and may_name(body, b"tools/call") else None
-            self.observer.limited(refusal.limit, self.tool_label(tool))
+    async def _refuse(self, scope: Scope, send: Send, refusal: Refusal, body: bytes) -> None:
+        """Count and answer ``refusal``; one under the principal's own rate is
+        announced to routers, and its token remembered here until its time."""
+        _count(self.observer, self._labels, refusal, body)
+        extra: list[tuple[bytes, bytes]] = []
+        if refusal.principal_wide:
+            # Remembered until the Retry-After the client is told (whole seconds).
+            seconds = refusal.retry_seconds
+            token = getattr(scope.get("user"), "access_token", None) is not None
+            authorization = _header(scope, _AUTHORIZATION) if token else None
+            if authorization is not None:
+                self.limiter.credentials.remember(
+                    credential_key(authorization), seconds, refusal.limit
+                )
+            by = "token" if authorization is not None else "address"
+            extra.append((_REFUSED, format_refused(seconds, refusal.limit, by)))
+        await _answer_refusal(send, refusal, body, extra)
 
     def tool_label(self, tool: str | None) -> str:
         """A bounded label for ``tool`` (``""`` for a request that names none)."""
+        return self._labels(tool)
+
+
+class RefusedCredentials:
+    """In front of the app's auth: a token refused under a rate is refused again at once.
+
+    :class:`LimitGate` remembers each token it refused under the principal's own
+    rate (``Limiter.credentials``, by a digest of the ``Authorization`` value),
+    until the refusal's time. A request carrying one of them is answered here,
+    before FastMCP verifies the token: the same ``429``, ``Retry-After`` and
+    JSON-RPC error, at the cost of a digest and a dictionary lookup. Requests
+    that are not requests (notifications, a client's answers to the server)
+    pass, as they do at :class:`LimitGate`; a token never refused pays one
+    lookup while the memory holds anything, nothing when it is empty.
+    """
+
+    def __init__(
+        self, app: ASGIApp, limiter: Limiter, *, observer: LimitObserver | None = None
+    ) -> None:
+        self.app = app
+        self.limiter = limiter
+        self.observer = observer
+        self._labels = _ToolLabels()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        memory = self.limiter.credentials
+        if (
+            not len(memory)
+            or scope["type"] != "http"
+            or scope["method"] != "POST"
+            or scope["path"] not in _PATHS
+        ):
+            await self.app(scope, receive, send)
+            return
+        authorization = _header(scope, _AUTHORIZATION)
+        held = memory.held(credential_key(authorization)) if authorization else None
+        if held is None:
+            await self.app(scope, receive, send)
+            return
+        body, replay = await _read_body(receive)
+        if body is None or not is_request(body):
+            await self.app(scope, replay, send)
+            return
+        refusal = Refusal(
+            held.limit,
+            held.seconds,
+            f"Rate limited: {held.limit} over this principal's rate; retry after"
+            f" {held.retry_seconds} s",
+            principal_wide=True,
+        )
+        _count(self.observer, self._labels, refusal, body)
+        extra = [(_REFUSED, format_refused(held.seconds, held.limit, "token"))]
+        await _answer_refusal(send, refusal, body, extra)
+
+
+class _ToolLabels:
+    """Bounded ``tool`` label values: the first :data:`MAX_TOOL_LABELS` names, then
+    ``other`` (``""`` for a request that names none)."""
+
+    def __init__(self) -> None:
+        self._tools: set[str] = set()
+
+    def __call__(self, tool: str | None) -> str:
         if not tool:
             return ""
         if tool in self._tools:
@@ -186,6 +276,22 @@ class LimitGate:
             self._tools.add(tool)
             return tool
         return "other"
+
+
+def _count(
+    observer: LimitObserver | None, labels: _ToolLabels, refusal: Refusal, body: bytes | None
+) -> None:
+    tracing.note("mcpfleet.limited", refusal.limit)
+    if observer is not None:
+        tool = _tool_name(body) if body is not None and may_name(body, b"tools/call") else None
+        observer.limited(refusal.limit, labels(tool))
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
 
 
 def _session_and_era(scope: Scope) -> tuple[str | None, bool]:
@@ -253,7 +359,9 @@ def _request_id(body: bytes | None) -> str | int | None:
     return None
 
 
-async def _refuse(send: Send, refusal: Refusal, body: bytes | None) -> None:
+async def _answer_refusal(
+    send: Send, refusal: Refusal, body: bytes | None, extra: list[tuple[bytes, bytes]]
+) -> None:
     """``429`` + ``Retry-After``, a JSON-RPC error naming the limit."""
     seconds = refusal.retry_seconds
     payload = jsonrpc_error(
@@ -262,4 +370,5 @@ async def _refuse(send: Send, refusal: Refusal, body: bytes | None) -> None:
         data={"limit": refusal.limit, "retryAfter": seconds},
         request_id=_request_id(body),
     )
-    await send_whole(send, 429, payload, headers=[(b"retry-after", str(seconds).encode())])
+    headers = [(b"retry-after", str(seconds).encode()), *extra]
+    await send_whole(send, 429, payload, headers=headers)

@@ -67,7 +67,7 @@ from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.hostguard import KeptHostGuard
-from mcpfleet.replica.limitgate import LimitGate
+from mcpfleet.replica.limitgate import LimitGate, RefusedCredentials
 from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
@@ -168,6 +168,8 @@ class Replica:
             allowed_hosts=list(self.config.allowed_hosts) or None,
             allowed_origins=list(self.config.allowed_origins) or None,
         )
+        # A token refused under a rate is refused again before the app's auth checks it.
+        inner = RefusedCredentials(inner, self.limiter, observer=self.metrics)
         if tracing.ON:
             # The caller's trace continued around the app (FastMCP's spans join it).
             inner = TracedRequests(inner, self.name)

@@ -69,6 +69,7 @@ class RequestOutcome(enum.StrEnum):
     OWNER_GONE = "owner_gone"  # the session's owner is gone: the spec's 404
     UNAVAILABLE = "unavailable"  # the owner or the session directory cannot answer now
     NO_REPLICA = "no_replica"  # no serving replica (or all at their session cap)
+    LIMITED = "limited"  # refused by the router: its credential is rate-limited (429)
 
 
 def outcome_of(result: int | Failure) -> RequestOutcome | Failure:

@@ -5,11 +5,16 @@ Per request (see :mod:`mcpfleet.router.decisions` for the pure decisions):
 * ``Mcp-Session-Id`` present: to the session's owner (cache, then Redis). An
   owner that is gone, unknown, or refuses the connection gets the spec's 404
   at once and the entry is dropped, so the client re-initializes.
-* ``initialize``: to the serving replica with the fewest sessions; the new
+* ``initialize``: to the serving replica with the fewest sessions (those in
+  flight to it count, one answered without a session does not); the new
   session id is written to Redis before the response reaches the client, so
   any router can route the session's next request.
 * everything else (modern era, sessionless): to any serving replica, chosen
   by power of two choices on requests in flight, with no Redis on the path.
+
+A credential a replica refused under its principal's rate is refused by the
+router itself, from memory, until the ``Retry-After`` the replica gave
+(:mod:`~mcpfleet.router.refused`, docs/limits.md).
 
 With ``--rehome-sessions`` (:mod:`~mcpfleet.router.rehome`, docs/rehome.md), a
 session whose owner is gone is opened again on a live replica instead of the
@@ -60,10 +65,12 @@ from mcpfleet.config import RouterConfig
 from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import parses_as_json
+from mcpfleet.limits import Held
 from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
 from mcpfleet.router.decisions import (
+    Candidate,
     OriginPolicy,
     RouteKind,
     cancellations,
@@ -85,6 +92,7 @@ from mcpfleet.router.exchange import (
 from mcpfleet.router.h1 import Response
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
+from mcpfleet.router.refused import RefusedCredentials, refuse
 from mcpfleet.router.rehome import (
     OwnerGone,
     Rehomer,
@@ -92,11 +100,22 @@ from mcpfleet.router.rehome import (
     split_route,
     swap_session,
 )
-from mcpfleet.router.table import Health, LookupSource, RedisDown, ReplicaView, SessionTable
+from mcpfleet.router.table import (
+    Health,
+    LookupSource,
+    Placement,
+    RedisDown,
+    ReplicaView,
+    SessionTable,
+)
 from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")
 _T = TypeVar("_T")
+
+#: Seconds a new session waits for a place where only ``initialize`` requests in
+#: flight fill every replica's ``--session-cap`` (a refused one gives its place back).
+PLACE_WAIT = 1.0
 
 #: The paths the router names as ``http.route`` in its spans (any other: none).
 _ROUTES = frozenset({MCP_PATH})
@@ -144,6 +163,8 @@ class Router:
         )
         # Tracing: the client's traceparent is replaced by the router's span's.
         self.upstream = Upstream(config.connect_timeout, own_traceparent=tracing.ON)
+        #: Credentials a replica refused under a rate, refused here until their time.
+        self.refused = RefusedCredentials()
         #: What becomes of a session whose owner is gone (the 404, or a move).
         self.rehomer = Rehomer(
             config, self.sessions, self.view, self.upstream, self.metrics, self.health
@@ -318,6 +339,10 @@ class Router:
                 send, 400, jsonrpc_error(ErrorCode.PARSE_ERROR, "Parse error: the body is not JSON")
             )
             return kind.value, RequestOutcome.REJECTED
+        if self.refused.memory and (held := self.refused.held(x)) is not None:
+            # A replica refused this credential under its rate: until then, refused here.
+            await refuse(x, held)
+            return kind.value, RequestOutcome.LIMITED
         if kind is RouteKind.STICKY:
             outcome = await self._sticky(x)
         else:
@@ -429,20 +454,27 @@ class Router:
     async def _spread(self, x: Exchange, kind: RouteKind) -> RequestOutcome | Failure:
         tried: set[str] = set()
         for _ in range(self.config.attempts):
-            candidates = self.view.serving(exclude=tried)
             if kind is RouteKind.INITIALIZE:
-                choice = place_session(candidates, self.config.session_cap)
+                placed = await self._placement(x, tried)
+                if isinstance(placed, Held):
+                    await refuse(x, placed)
+                    return RequestOutcome.LIMITED
+                choice = placed
             else:
-                choice = pick_stateless(candidates)
+                choice = pick_stateless(self.view.serving(exclude=tried))
             if choice is None:
                 break
             tried.add(choice.name)
             replica = self.view.get(choice.name)
             if replica is None:
                 continue
-            if kind is RouteKind.INITIALIZE:
-                self.view.note_placement(choice.name)
-            outcome = await self._forward(x, kind, replica.name, replica.address)
+            # An initialize holds a place on the replica until its answer.
+            place = self.view.placing(replica.name) if kind is RouteKind.INITIALIZE else None
+            try:
+                outcome = await self._forward(x, kind, replica.name, replica.address, place=place)
+            finally:
+                if place is not None:
+                    place.close()
             if isinstance(outcome, Failure) and outcome.nothing_processed:
                 if outcome is Failure.REFUSED and await self.view.after_refusal(
                     replica.name, replica.address
@@ -464,6 +496,29 @@ class Router:
         await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, message)
         return RequestOutcome.NO_REPLICA
 
+    async def _placement(self, x: Exchange, tried: set[str]) -> Candidate | Held | None:
+        """The replica for the new session of ``x`` (None: every one is full).
+
+        Where only ``initialize`` requests in flight fill the cap, it waits (at most
+        :data:`PLACE_WAIT` seconds) for one to be answered: a refused one gives its
+        place back at once, and a credential a replica refused meanwhile is refused
+        here from memory (the :class:`Held` returned) rather than waiting on.
+        """
+        cap = self.config.session_cap
+        deadline: float | None = None
+        while True:
+            candidates = self.view.serving(exclude=tried)
+            choice = place_session(candidates, cap)
+            if choice is not None or not self.view.opening_to(candidates):
+                return choice
+            now = time.monotonic()
+            deadline = now + PLACE_WAIT if deadline is None else deadline
+            if now >= deadline:
+                return None
+            await self.view.place_freed(deadline - now)
+            if self.refused.memory and (held := self.refused.held(x)) is not None:
+                return held
+
     async def _forward(
         self,
         x: Exchange,
@@ -471,16 +526,17 @@ class Router:
         name: str,
         address: str,
         alias: tuple[bytes, bytes] | None = None,
+        place: Placement | None = None,
     ) -> int | Failure:
         """Forward the request of ``x`` to replica ``name`` through :attr:`upstream`.
 
         Around the forwarding itself: the request counts in flight while it
-        runs, a new session is recorded and the latency observed once the
-        replica's headers arrived, and the session's route is forgotten when the
-        replica marks its 404 as "no such session" (an unmarked 404 answers a
-        credential that is not the session's: the session lives on). ``alias``:
-        the owner's and the client's ids of a re-homed session. Returns the
-        status relayed to the client, or the :class:`Failure` that stopped it.
+        runs; once the replica's headers arrived a new session is recorded, a
+        rate refusal learnt, the latency observed; the session's route is forgotten
+        when the replica marks its 404 as "no such session" (an unmarked 404 answers
+        a credential that is not the session's). ``alias``: the owner's and the
+        client's ids of a re-homed session; ``place``: an ``initialize``'s place on
+        the replica. Returns the status relayed, or the :class:`Failure` that stopped it.
         """
         session = x.session
         self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
@@ -499,8 +555,7 @@ class Router:
                 # The request may have been processed: never re-sent. The caller answers.
                 return Failure.DROPPED
             except _ClientLeft:
-                # The client left before the replica answered: closing the upstream
-                # connection cancels a stateless request on the replica.
+                # The client left before the answer: the closed upstream cancels it.
                 self._cancelled(kind, x, address)
                 return Failure.DISCONNECTED
             if isinstance(upstream, Failure):
@@ -508,11 +563,13 @@ class Router:
             if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
                 await self.upstream.decline(upstream)
                 return Failure.DRAINING
-            # A session opened or ended (rare: the common path only tests for it).
-            if kind is RouteKind.INITIALIZE and upstream.status == 200:
-                await self._record(x, name, upstream)
+            # A session opened or ended, a rate refusal (rare: the common path only tests).
+            if place is not None and 200 <= upstream.status < 300:
+                await self._record(x, name, upstream, place)
             elif session is not None and session_ended(upstream):
                 await self._forget(session, upstream)
+            elif upstream.status == 429:
+                self.refused.learn(x, upstream)
             self._observe_latency(kind, x.started)
             result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
             if result is Failure.UPSTREAM_BROKE:
@@ -529,12 +586,14 @@ class Router:
         exemplar = tracing.exemplar() if tracing.ON else None
         self.metrics.observe_latency(kind.value, time.perf_counter() - started, exemplar)
 
-    async def _record(self, x: Exchange, name: str, upstream: Response) -> None:
-        """An ``initialize`` was answered 200: the session it opened is routed to ``name``
-        (before the client has the answer). On any error the upstream response is closed."""
+    async def _record(self, x: Exchange, name: str, upstream: Response, place: Placement) -> None:
+        """An ``initialize`` was answered 2xx: the session it opened (if it names one)
+        counts on ``name`` and is routed to it (before the client has the answer). On
+        any error the upstream response is closed."""
         try:
             created = upstream.headers.get(SESSION_HEADER)
             if created and valid_session_id(created):
+                place.opened()
                 init = self.rehomer.init_record(upstream, x.body)
                 await self.sessions.record(created, name, init)
         except BaseException:

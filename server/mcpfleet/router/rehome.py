@@ -393,11 +393,13 @@ class Rehomer:
             replica = self.view.get(choice.name)
             if replica is None:
                 continue
-            self.view.note_placement(choice.name)
             try:
-                reopened = await reopen(
-                    self.upstream.pool, replica.address, x.scope["headers"], record
-                )
+                with self.view.placing(choice.name) as place:
+                    reopened = await reopen(
+                        self.upstream.pool, replica.address, x.scope["headers"], record
+                    )
+                    if reopened.session is not None:
+                        place.opened()
             except ConnectFailed:
                 if await self.view.after_refusal(replica.name, replica.address):
                     tried.discard(replica.name)  # restarted elsewhere: it may take it

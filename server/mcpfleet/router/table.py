@@ -18,6 +18,7 @@ one router re-homes it; a re-homed session's route names its new owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
@@ -112,6 +113,57 @@ class ViewState:
 PLACEMENT_GENERATIONS = 2
 
 
+class Placement:
+    """One ``initialize`` forwarded to a replica, as the replica's session count sees it.
+
+    While it is in flight it holds a place on the replica (:attr:`ReplicaView.opening`):
+    a burst of them cannot overshoot the session cap, since each one forwarded
+    counts before the next is placed. It ends one of two ways, once: the replica
+    answered with a session (:meth:`opened`: the place becomes a placement,
+    counted until the replica's attestations include it), or anything else
+    (:meth:`close`: a refusal, an error, a dropped connection; the place is
+    given back at once). A refused ``initialize`` so never counts as a session.
+    """
+
+    __slots__ = ("_view", "name", "settled")
+
+    def __init__(self, view: ReplicaView, name: str) -> None:
+        self._view = view
+        self.name = name
+        self.settled = False
+        view.opening[name] = view.opening.get(name, 0) + 1
+
+    def _settle(self) -> bool:
+        if self.settled:
+            return False
+        self.settled = True
+        view = self._view
+        left = view.opening.get(self.name, 1) - 1
+        if left > 0:
+            view.opening[self.name] = left
+        else:
+            view.opening.pop(self.name, None)
+        # Whoever waits for a place looks again (ReplicaView.place_freed).
+        freed, view._freed = view._freed, asyncio.Event()
+        freed.set()
+        return True
+
+    def opened(self) -> None:
+        """The replica answered with a session: it counts as one from now on."""
+        if self._settle():
+            self._view.note_placement(self.name)
+
+    def close(self) -> None:
+        """The ``initialize`` ended without a session (or was counted already)."""
+        self._settle()
+
+    def __enter__(self) -> Placement:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def merge_registry(
     state: ViewState,
     registry: dict[str, Attestation],
@@ -181,6 +233,11 @@ class ReplicaView:
     deadline: float = DEFAULT_DEADLINE
     state: ViewState = field(default_factory=ViewState)
     inflight: dict[str, int] = field(default_factory=dict)
+    #: ``initialize`` requests in flight per replica (:class:`Placement`): each
+    #: holds a place against the session cap until its answer.
+    opening: dict[str, int] = field(default_factory=dict)
+    #: Set (and replaced) whenever an ``initialize`` in flight is answered.
+    _freed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     refreshed: float = 0.0
     _refreshing: asyncio.Future[None] | None = field(default=None, repr=False)
 
@@ -210,6 +267,22 @@ class ReplicaView:
     def note_placement(self, name: str) -> None:
         """Count a session placed on ``name`` until its attestations include it."""
         self.state.placed.setdefault(name, []).append(self.state.generation.get(name, 0))
+
+    def placing(self, name: str) -> Placement:
+        """An ``initialize`` forwarded to ``name`` now: its place, settled by the answer."""
+        return Placement(self, name)
+
+    def opening_to(self, candidates: list[Candidate]) -> bool:
+        """Whether an ``initialize`` is in flight to any of ``candidates``."""
+        return any(c.name in self.opening for c in candidates)
+
+    async def place_freed(self, timeout: float) -> None:
+        """Return once an ``initialize`` in flight is answered (its place may be free
+        again), or after ``timeout`` seconds."""
+        freed = self._freed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await freed.wait()
 
     def get(self, name: str) -> Attestation | None:
         return self.state.replicas.get(name)
@@ -281,10 +354,13 @@ class ReplicaView:
             self.state.dead[name] = att.heartbeat
 
     def serving(self, exclude: set[str] | frozenset[str] = frozenset()) -> list[Candidate]:
+        """The serving replicas, each with its sessions as this router counts them:
+        those it attested, those this router saw it open since, and the ``initialize``
+        requests in flight to it."""
         return [
             Candidate(
                 a.name,
-                a.sessions + len(self.state.placed.get(a.name, ())),
+                a.sessions + len(self.state.placed.get(a.name, ())) + self.opening.get(a.name, 0),
                 self.inflight.get(a.name, 0),
             )
             for a in self.state.replicas.values()
