@@ -150,8 +150,8 @@ test-conformance: venv deps conformance-suite ## the conformance tier (pytest -m
 # The MCP tasks rows run in .venv-tasks (made here if it can be; if not, the
 # table says they were skipped and why).
 bench: venv deps bench-deps ## speed and memory, measured side by side (router, direct, nginx, MCP tasks); prints a table (BENCH_ARGS=...)
-	$(if $(filter --rounds-only --scale-only --answers-only --tracing-only --listen-only,$(BENCH_ARGS)),,$(MAKE) --no-print-directory venv-tasks || echo "make bench: .venv-tasks not made; the task rows are skipped")
-	$(if $(filter --no-node --rounds-only --scale-only --answers-only --tracing-only --listen-only,$(BENCH_ARGS)),,$(if $(filter 0,$(shell id -u)),$(MAKE) --no-print-directory image || echo "make bench: the image was not built; the node's rows may run an older one"))
+	$(if $(filter --rounds-only --scale-only --answers-only --tracing-only --listen-only --flood-only,$(BENCH_ARGS)),,$(MAKE) --no-print-directory venv-tasks || echo "make bench: .venv-tasks not made; the task rows are skipped")
+	$(if $(filter --no-node --rounds-only --scale-only --answers-only --tracing-only --listen-only --flood-only,$(BENCH_ARGS)),,$(if $(filter 0,$(shell id -u)),$(MAKE) --no-print-directory image || echo "make bench: the image was not built; the node's rows may run an older one"))
 	PYTHONPATH=hack/devkit $(PY) -m benchkit.bench $(BENCH_ARGS)
 
 # The fleet's cost curve: sessions, replicas in the registry and routers grown one at
