@@ -195,7 +195,7 @@ def run_operator(args: argparse.Namespace) -> int:
     from mcpfleet_operator.runtime import Runtime
 
     try:
-        policy = _cost_policy(args)
+        policy = cost_policy(args)
         redis_settings = _redis_settings(args)
         namespaces = _namespaces(args)
         if args.log_format == "json":
@@ -219,7 +219,7 @@ def run_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cost_policy(args: argparse.Namespace) -> PatchPolicy:
+def cost_policy(args: argparse.Namespace) -> PatchPolicy:
     """How often deletion costs are written, from the flags (refused when out of range)."""
     try:
         return PatchPolicy(
