@@ -54,6 +54,10 @@ helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm \
 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor"
 kwok_ldflags="-X sigs.k8s.io/kwok/pkg/consts.Version=${kwok#v} \
 -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s#v}"
+# KEDA's version, read from its go.mod (a go list there would load its whole module graph).
+keda="$(sed -n 's|^[[:space:]]*github.com/kedacore/keda/v2 \(v[^ ]*\).*|\1|p' keda/go.mod)"
+keda_ldflags="-X github.com/kedacore/keda/v2/version.Version=$keda \
+-X github.com/kedacore/keda/v2/version.GitCommit=$keda"
 # This module's own packages (coredns/): their source is part of the stamp.
 module="$(go list -m -f '{{.Path}}')"
 
@@ -84,6 +88,10 @@ on_request=(
 	"kind|sigs.k8s.io/kind||kind"
 	"crictl|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=$(modver sigs.k8s.io/cri-tools)"
 	"kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(modver github.com/cloudnativelabs/kube-router/v2)"
+	# KEDA (docs/autoscaling.md), from its own module (keda/go.mod): its operator and
+	# its metrics API server (the HPA's external metrics). Not in make tools or CI yet.
+	"keda-operator|github.com/kedacore/keda/v2/cmd/operator|$keda_ldflags|keda"
+	"keda-adapter|github.com/kedacore/keda/v2/cmd/adapter|$keda_ldflags|keda"
 )
 [[ $# -gt 0 ]] && tools+=("${on_request[@]}")
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mcpfleet_operator.api import GROUP, KEYRINGS, KEYROTATIONS, VERSION, rotation_manifest
+from mcpfleet_operator.deletioncost import PatchPolicy
 from mcpfleet_operator.rotation import TASKS_WAIT_LIMIT
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def add_parsers(sub: Any) -> None:
         help="seconds after the token TTL a rotation waits for live MCP tasks sealed under "
         "the old key before it retires the key anyway (those tasks fail)",
     )
+    _add_cost_flags(o)
     o.add_argument(
         "--log-format", choices=["plain", "json"], default="plain", help="how log lines look"
     )
@@ -98,6 +100,36 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--wait", action="store_true", help="follow the rotation until it ends")
     r.add_argument("--timeout", type=float, default=None, help="give up waiting after SECONDS")
     r.add_argument("--status", action="store_true", help="print the ring and its history")
+
+
+def _add_cost_flags(o: Any) -> None:
+    """The replica Pods' deletion cost (docs/autoscaling.md): on, and how often it is written."""
+    policy = PatchPolicy()
+    o.add_argument(
+        "--deletion-cost",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep controller.kubernetes.io/pod-deletion-cost on each replica Pod current "
+        "from what it holds, so a scale-in removes the emptiest replica (default: on)",
+    )
+    o.add_argument(
+        "--deletion-cost-step",
+        type=int,
+        default=policy.min_step,
+        help="least change of a Pod's cost (and at least 10%% of it) written at once",
+    )
+    o.add_argument(
+        "--deletion-cost-max-interval",
+        type=float,
+        default=policy.max_interval,
+        help="seconds after a Pod's last write that a smaller change is written too",
+    )
+    o.add_argument(
+        "--deletion-cost-rate",
+        type=float,
+        default=policy.per_second,
+        help="at most this many deletion cost writes a second, all Pods together",
+    )
 
 
 #: The ``mcpfleet`` subcommands this module adds (entry point ``mcpfleet.commands``).
@@ -159,9 +191,11 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from mcpfleet_operator import handlers  # noqa: F401  (importing registers them with kopf)
+    from mcpfleet_operator.costkeeper import CostKeeper
     from mcpfleet_operator.runtime import Runtime
 
     try:
+        policy = cost_policy(args)
         redis_settings = _redis_settings(args)
         namespaces = _namespaces(args)
         if args.log_format == "json":
@@ -178,9 +212,23 @@ def run_operator(args: argparse.Namespace) -> int:
         stall_after=args.stall_after,
         tasks_wait_limit=args.tasks_wait_limit,
     )
+    if args.deletion_cost:
+        runtime.costs = CostKeeper(runtime.metrics, policy)
     runtime.metrics.serve(args.metrics_port, args.metrics_host)
     _run_kopf(args, namespaces, redis_settings.redacted, runtime)
     return 0
+
+
+def cost_policy(args: argparse.Namespace) -> PatchPolicy:
+    """How often deletion costs are written, from the flags (refused when out of range)."""
+    try:
+        return PatchPolicy(
+            min_step=args.deletion_cost_step,
+            max_interval=args.deletion_cost_max_interval,
+            per_second=args.deletion_cost_rate,
+        )
+    except ValueError as exc:
+        raise _UsageError(f"--deletion-cost-*: {exc}") from exc
 
 
 def _redis_settings(args: argparse.Namespace) -> RedisSettings:

@@ -21,9 +21,11 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from redis.exceptions import RedisError
 
+from mcpfleet.contract import Attestation
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.redisconn import describe
 from mcpfleet_operator import secretring
@@ -196,9 +198,11 @@ def _keyring_report(t: Tick, ring_spec: KeyRingSpec, current: secretring.RingSec
     assert ring is not None
     pods = t.rt.pods(t.namespace, ring_spec.selector)
     try:
-        attested, redis_error = t.rt.attested(ring_spec.fleet), ""
+        records, redis_error = t.rt.attestations(ring_spec.fleet), ""
     except (RedisError, OSError) as exc:
-        attested, redis_error = {}, f"cannot read attestations from Redis: {describe(exc)}"
+        records, redis_error = {}, f"cannot read attestations from Redis: {describe(exc)}"
+    _keep_costs(t, pods, records, redis_error)
+    attested = {name: record.kids for name, record in records.items()}
     conv = converge(views(pods), attested, ring.kids)
     queue = t.queue(t.name)
     new = keyring_status(ring, conv, queue, t.status, redis_error=redis_error)
@@ -228,6 +232,19 @@ def _keyring_report(t: Tick, ring_spec: KeyRingSpec, current: secretring.RingSec
     return new
 
 
+def _keep_costs(
+    t: Tick, pods: list[k8s.V1Pod], records: dict[str, Attestation], redis_error: str
+) -> None:
+    """The Pods' deletion costs from this tick's attestations; kept as they are without."""
+    costs = t.rt.costs
+    if costs is None:
+        return
+    if redis_error:
+        costs.stale(t.namespace, t.name, redis_error)
+    else:
+        costs.keep(t.rt.core, t.namespace, t.name, pods, records)
+
+
 def _start_scheduled(t: Tick, rotation_name: str) -> None:
     """Create the scheduled KeyRotation; one that exists already (409) is the same one."""
     body = rotation_manifest(t.name, name=rotation_name, reason="scheduled (spec.rotateEvery)")
@@ -243,6 +260,8 @@ def _start_scheduled(t: Tick, rotation_name: str) -> None:
 def keyring_deleted(name: str, namespace: str | None, memo: Runtime, **_: Any) -> None:
     """The Secret stays (deleting keys would break every replica); only metrics go."""
     memo.metrics.forget_keyring(_namespaced(namespace), name)
+    if memo.costs is not None:
+        memo.costs.forget(_namespaced(namespace), name)
 
 
 # --------------------------------------------------------------------------- KeyRotation

@@ -90,7 +90,31 @@ class OperatorMetrics:
             ["namespace", "keyring"],
             registry=r,
         )
+        self._deletion_costs(r)
         self._lock = threading.Lock()
+
+    def _deletion_costs(self, r: CollectorRegistry) -> None:
+        """The replica Pods' deletion costs (:mod:`mcpfleet_operator.costkeeper`)."""
+        self.cost_patches = Counter(
+            "mcpfleet_operator_deletion_cost_patches_total",
+            "Writes of replica Pods' deletion cost, by result: patched, failed, or deferred "
+            "(due, but held back by the cap of writes per second).",
+            ["namespace", "keyring", "result"],
+            registry=r,
+        )
+        self.cost_stale_ticks = Counter(
+            "mcpfleet_operator_deletion_cost_stale_ticks_total",
+            "Ticks on which the attestations could not be read: the Pods kept their last costs.",
+            ["namespace", "keyring"],
+            registry=r,
+        )
+        self.costs_stale = Gauge(
+            "mcpfleet_operator_deletion_costs_stale",
+            "1 while the KeyRing's Pods carry costs from before the last failed read of the "
+            "attestations, else 0.",
+            ["namespace", "keyring"],
+            registry=r,
+        )
 
     def set_phase(self, namespace: str, keyring: str, phase: str) -> None:
         """Make ``phase`` (lowercased) the only phase at 1 for this KeyRing.
@@ -134,7 +158,7 @@ class OperatorMetrics:
             _remove(self.rotation_phase, (namespace, keyring, gauge_phase))
         for state in ("desired", "converged"):
             _remove(self.replicas, (namespace, keyring, state))
-        for metric in (self.key_age, self.stalled, self.old_key_tasks):
+        for metric in (self.key_age, self.stalled, self.old_key_tasks, self.costs_stale):
             _remove(metric, (namespace, keyring))
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:

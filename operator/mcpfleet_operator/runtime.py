@@ -24,10 +24,11 @@ import redis
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION, RedisKeys
+from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION, Attestation, RedisKeys
 from mcpfleet.redisconn import RedisSettings, sync_client
 from mcpfleet.registry import read_replicas_sync
 from mcpfleet_operator.api import KeyRingSpec, SpecError
+from mcpfleet_operator.costkeeper import CostKeeper
 from mcpfleet_operator.metrics import OperatorMetrics
 from mcpfleet_operator.rotation import TASKS_WAIT_LIMIT, PodView, QueueEntry
 from mcpfleet_operator.status import changed
@@ -98,6 +99,8 @@ class Runtime:
     stall_after: float = 120.0
     tasks_wait_limit: float = TASKS_WAIT_LIMIT
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    #: Keeps replica Pods' deletion costs current; None when that is turned off.
+    costs: CostKeeper | None = None
     _redis_client: redis.Redis | None = None
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _clocks: dict[str, Clock] = field(default_factory=dict)
@@ -145,8 +148,12 @@ class Runtime:
 
     def attested(self, fleet: str) -> dict[str, tuple[str, ...]]:
         """The kids each replica of ``fleet`` attests, by Pod name (Redis errors propagate)."""
-        replicas = read_replicas_sync(self.redis_client, self.keys(fleet))
-        return {n: a.kids for n, a in replicas.items()}
+        return {n: a.kids for n, a in self.attestations(fleet).items()}
+
+    def attestations(self, fleet: str) -> dict[str, Attestation]:
+        """What each live replica of ``fleet`` attests, by Pod name: two reads (SMEMBERS,
+        MGET), each within the client's timeout (Redis errors propagate)."""
+        return read_replicas_sync(self.redis_client, self.keys(fleet))
 
     def old_tasks(self, fleet: str, kid: str) -> int:
         """Live MCP tasks of ``fleet`` whose stored snapshot ``kid`` sealed: the members

@@ -387,6 +387,15 @@ class Attestation:
     ``kids`` is the ordered list of key ids of the ring the replica has LOADED
     (first seals), not merely what is on disk: the operator advances a rotation
     only when every replica attests the ring it needs.
+
+    The counts are what the replica holds right now, the load a scale-in would
+    cut (the operator turns them into the pod's deletion cost,
+    ``mcpfleet_operator.deletioncost``): ``sessions`` live handshake sessions,
+    ``inflight`` requests in flight, ``paused`` handshake-era asks
+    (``elicitation/create``, sampling, roots) waiting for the client's answer,
+    ``listens`` open ``subscriptions/listen`` streams, ``tasks`` MCP tasks its
+    worker runs. Counts only: never a session, task or stream id. A record
+    written before a count existed reads it as 0.
     """
 
     name: str
@@ -398,6 +407,9 @@ class Attestation:
     inflight: int = 0
     started: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
+    paused: int = 0
+    listens: int = 0
+    tasks: int = 0
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -439,7 +451,18 @@ class Attestation:
             inflight=int(data.get("inflight", 0)),
             started=float(data.get("started", 0.0)),
             labels={str(k): str(v) for k, v in labels.items()},
+            paused=_count(data, "paused"),
+            listens=_count(data, "listens"),
+            tasks=_count(data, "tasks"),
         )
+
+
+def _count(data: dict[str, Any], key: str) -> int:
+    """A count of an attestation: a non-negative integer, 0 when absent."""
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"attestation {key} must be a non-negative integer")
+    return value
 
 
 # --- Kubernetes -------------------------------------------------------------------

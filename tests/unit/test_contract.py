@@ -25,8 +25,24 @@ def test_attestation_round_trips() -> None:
         sessions=3,
         inflight=2,
         started=1.0,
+        paused=4,
+        listens=5,
+        tasks=6,
     )
     assert Attestation.from_json(att.to_json()) == att
+
+
+def test_a_record_from_before_the_held_counts_reads_them_as_zero() -> None:
+    raw = '{"name":"r","address":"a","state":"serving","kids":[],"heartbeat":1,"sessions":2}'
+    att = Attestation.from_json(raw)
+    assert (att.sessions, att.paused, att.listens, att.tasks) == (2, 0, 0, 0)
+
+
+@pytest.mark.parametrize("value", ["-1", '"3"', "1.5", "true", "null"])
+def test_a_held_count_that_is_not_a_count_is_refused(value: str) -> None:
+    raw = f'{{"name":"r","address":"a","state":"serving","kids":[],"heartbeat":1,"paused":{value}}}'
+    with pytest.raises(ValueError, match="paused must be a non-negative integer"):
+        Attestation.from_json(raw)
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,36 @@ async def test_middleware_works_on_a_plain_fastmcp_app(mode: str) -> None:
     assert rounds(mw, kind="final", outcome="error", component="boom", era=era) == 1
     assert rounds(mw, kind="final", component="users://{user_id}/profile", era=era) == 1
     assert "alice-private" not in generate_latest(mw.registry).decode()
+
+
+async def test_a_handshake_ask_counts_as_paused_until_its_answer(
+    metrics: PrometheusMiddleware,
+) -> None:
+    seen: list[int] = []
+
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        seen.append(metrics.paused)  # the tool waits for this answer now
+        schema = params.requested_schema
+        value = default_answer(message, schema)
+        props = schema.get("properties", {})
+        return response_type(value=value) if set(props) == {"value"} else response_type(**value)
+
+    assert metrics.paused == 0
+    async with Client(app, mode=HANDSHAKE, elicitation_handler=handler) as client:
+        result = await client.call_tool("book_flight", {"destination": "Oslo"})
+    assert str(result.data).startswith("Booked")
+    assert seen == [1, 1, 1], "each of the three questions paused the tool once"
+    assert metrics.paused == 0
+
+
+async def test_a_handshake_ask_left_unanswered_stops_counting_as_paused(
+    metrics: PrometheusMiddleware,
+) -> None:
+    async def handler(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        assert metrics.paused == 1
+        raise RuntimeError("the client gives up on the question")
+
+    async with Client(app, mode=HANDSHAKE, elicitation_handler=handler) as client:
+        with pytest.raises(ToolError):
+            await client.call_tool("book_flight", {"destination": "Oslo"})
+    assert metrics.paused == 0

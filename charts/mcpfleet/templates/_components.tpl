@@ -39,6 +39,15 @@ spec:
   {{- end }}
 {{- end }}
 
+{{/* "true" when the replicas scale through KEDA (server.autoscaling.mcp): autoscaling
+and its mcp part on, and the cluster serving keda.sh/v1alpha1; else empty. */}}
+{{- define "mcpfleet.server.keda" -}}
+{{- $as := .Values.server.autoscaling }}
+{{- if and $as.enabled $as.mcp.enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") -}}
+true
+{{- end }}
+{{- end }}
+
 {{/* Refuses autoscaling.minReplicas above maxReplicas, naming the component. */}}
 {{- define "mcpfleet.hpaCheck" -}}
 {{- $as := (index .ctx.Values .component).autoscaling }}

@@ -192,6 +192,9 @@ class PrometheusMiddleware(Middleware):
             buckets=ROUND_BUCKETS,
         )
         self._resources = _ResourceLabels()
+        #: Handshake-era asks sent and not yet answered: tools paused on their user
+        #: (a count the replica attests; a scale-in would cut them).
+        self.paused = 0
         self._active: ContextVar[_Round | None] = ContextVar(
             f"mcpfleet_round_{id(self)}", default=None
         )
@@ -337,9 +340,11 @@ class PrometheusMiddleware(Middleware):
             if current is None or getattr(request, "method", None) not in ASKING_METHODS:
                 return await send_request(request, *args, **kwargs)
             self._end(current, "asking", "ok")
+            self.paused += 1
             try:
                 result = await send_request(request, *args, **kwargs)
             finally:
+                self.paused -= 1
                 current.started = time.perf_counter()
                 current.step = "continue"
             if isinstance(result, ElicitResult):

@@ -255,6 +255,9 @@ class Replica:
             sessions=st.live_sessions(),
             inflight=st.inflight,
             started=self.started,
+            paused=self.rounds.paused,
+            listens=self.notify.streams.open,
+            tasks=self.tasks.busy() if self.tasks is not None else 0,
         )
 
     async def serve_metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
