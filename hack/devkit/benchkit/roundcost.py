@@ -204,6 +204,11 @@ def _batch(http: httpx.Client, s: Server, flows: int, timed: bool = True) -> Non
         s.answers += flows
 
 
+def _pythonpath() -> str:
+    """The devkit first, then the caller's ``PYTHONPATH``: what every server here imports."""
+    return os.pathsep.join(p for p in (str(DEVKIT_DIR), os.environ.get("PYTHONPATH")) if p)
+
+
 def start_plain(work: Path, json_response: bool) -> tuple[subprocess.Popen[bytes], str]:
     """:data:`benchkit.roundapp.plain` under uvicorn, in the given response mode."""
     port = free_port()
@@ -215,7 +220,7 @@ def start_plain(work: Path, json_response: bool) -> tuple[subprocess.Popen[bytes
         " access_log=False)\n"
     )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(DEVKIT_DIR), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = _pythonpath()
     log = (work / f"plain-{'json' if json_response else 'sse'}.log").open("ab")
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -251,7 +256,8 @@ def measure(
         routers=0,
         fleet="rounds",
         app="benchkit.roundapp:fleet",
-        extra_env={"PYTHONPATH": str(DEVKIT_DIR)},
+        # The caller's PYTHONPATH kept behind the devkit's, as plain FastMCP's is.
+        extra_env={"PYTHONPATH": _pythonpath()},
         limits=False,
     )
     try:
