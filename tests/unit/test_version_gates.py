@@ -94,7 +94,7 @@ def test_on_an_untested_engine_the_tasks_gate_refuses_and_logs_nothing_installed
     monkeypatch.setattr(fastmcp_tasks, "__version__", "4.99.0")
     with (
         caplog.at_level(logging.INFO, logger="mcpfleet.tasks"),
-        pytest.raises(TasksUnavailable, match="fastmcp-tasks 4.99.0 is not a version"),
+        pytest.raises(TasksUnavailable, match=r"fastmcp-tasks 4\.99\.0 is not a version"),
     ):
         tested_engine()
     assert not _messages(caplog, "mcpfleet.tasks")
