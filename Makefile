@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -42,6 +42,22 @@ venv-tasks: $(TASKS_VENV)/.installed ## the venv of the MCP tasks tests (.venv-t
 # The operator's rotation under live tasks runs on the control plane: the tools too.
 test-tasks: venv-tasks deps tools conformance-tasks-suite ## the MCP tasks tests (unit, fleet, the tasks-* conformance scenarios, and the operator under live tasks on the control plane) in .venv-tasks
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
+
+# Drift: .venv-latest holds every dependency at the newest version pyproject.toml's
+# bounds allow today (pip without the lock, --upgrade, eager), resolved again on
+# each run; test-latest runs LATEST_TIERS there, beside the locked .venv. make test
+# runs the unit and packaging tiers on it (a minute); the fleet tier on the newest
+# set runs on a schedule (.github/workflows/latest.yaml). docs/testing.md says why.
+LATEST_VENV := .venv-latest
+LATEST_TIERS ?= unit or packaging
+venv-latest: ## .venv-latest: every dependency at the newest version pyproject.toml's bounds allow, resolved again each time
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]'
+	@echo "newest within the bounds:" $$($(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(fastmcp|mcp|redis|uvicorn|starlette|pydantic|aiohttp|cryptography|prometheus[-_]client|opentelemetry-sdk|kopf)==')
+
+test-latest: venv-latest $(if $(filter fleet faults,$(LATEST_TIERS)),deps bench-deps) ## LATEST_TIERS (default "unit or packaging"; "fleet" for the fleet tier) on the newest dependencies the bounds allow, in .venv-latest
+	$(LATEST_VENV)/bin/python -m pytest tests -m "$(LATEST_TIERS)" $(DURATIONS)
 
 # hack/lock/*.txt again from pyproject.toml (UPGRADE=1: newest pins the ranges allow).
 lock: venv ## hack/lock/*.txt again from pyproject.toml (UPGRADE=1: the newest pins the ranges allow)
@@ -92,7 +108,8 @@ NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter ki
 
 # Cheapest first, each stage stopping the run at its first failure: lint, mypy
 # and the unit, packaging and rig tiers need nothing built or started, so they
-# run in the first minutes; then the rest is installed and built, and the tiers
+# run in the first minutes, and the unit and packaging tiers again on the newest
+# dependencies the bounds allow (test-latest); then the rest is installed and built, and the tiers
 # of processes (fleet, faults, conformance), of the control plane and the node,
 # the tasks tests, and the e2e tier follow. The three pytest selections of .venv
 # are disjoint and together every test (tests/conftest.py marks each by folder).
@@ -100,7 +117,7 @@ CHEAP_TIERS := unit or packaging or rigs
 # Each stage's log ends with its slowest tests (set up, call and teardown each),
 # so a run shows where its time went.
 DURATIONS ?= --durations=15 --durations-min=5
-test: venv lint typecheck test-unit venv-tasks deps bench-deps tools conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs, cheapest first: lint, typecheck, the unit tiers, the process tiers, control plane and node, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
+test: venv lint typecheck test-unit test-latest venv-tasks deps bench-deps tools conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs, cheapest first: lint, typecheck, the unit tiers, the process tiers, control plane and node, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
 	$(PY) -m pytest tests --ignore=tests/e2e -m "not ($(CHEAP_TIERS) or controlplane or node)" $(DURATIONS)
 	$(PY) -m pytest tests --ignore=tests/e2e -m "(controlplane or node) and not ($(CHEAP_TIERS))" $(DURATIONS)
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks $(DURATIONS)

@@ -32,7 +32,21 @@ class _OldRedis(socketserver.StreamRequestHandler):
             for _ in range(int(line[1:])):
                 size = int(self.rfile.readline()[1:])
                 parts.append(self.rfile.read(size + 2)[:-2].decode())
-            if parts and parts[0].upper() == "INFO":
+            if parts and parts[0].upper() == "HELLO":
+                # As Redis 6.2 answers (redis-py 8.2 opens with HELLO 3): a map in
+                # RESP3, the same pairs as an array in RESP2.
+                proto = int(parts[1]) if len(parts) > 1 else 2
+                pairs = [("server", "redis"), ("version", OLD)]
+                head = (
+                    b"%%%d\r\n" % (len(pairs) + 1)
+                    if proto == 3
+                    else b"*%d\r\n" % (2 * len(pairs) + 2)
+                )
+                items = b"".join(
+                    b"$%d\r\n%s\r\n" % (len(x), x.encode()) for pair in pairs for x in pair
+                )
+                self.wfile.write(head + items + b"$5\r\nproto\r\n:%d\r\n" % proto)
+            elif parts and parts[0].upper() == "INFO":
                 body = f"# Server\r\nredis_version:{OLD}\r\n".encode()
                 self.wfile.write(b"$%d\r\n%s\r\n" % (len(body), body))
             else:  # connection set-up (CLIENT SETINFO, SELECT, ...): accepted

@@ -9,6 +9,7 @@ from benchkit.roundcost import (
     PLAIN_JSON,
     PLAIN_SSE,
     REPLICA,
+    REPLICA_DEFAULTS,
     REPLICA_ONCE,
     SSE_MODE,
     Server,
@@ -34,12 +35,18 @@ def test_each_target_is_judged_on_its_own_ratio_and_the_replicas_mode() -> None:
         PLAIN_SSE: server(PLAIN_SSE, SSE_MODE, 2000, 2000, 2.0),
         REPLICA: server(REPLICA, JSON_MODE, 1100, 1200, 2.0),
         REPLICA_ONCE: server(REPLICA_ONCE, JSON_MODE, 1100, 1250, 2.2),
+        REPLICA_DEFAULTS: server(REPLICA_DEFAULTS, JSON_MODE, 1000, 1300, 2.0),
     }
-    _, targets = summary_rows(servers, None)
+    setups, targets = summary_rows(servers, None)
     verdicts = {t[0]: (t[1], t[3]) for t in targets}
     # Compared with plain FastMCP in JSON mode (the replica's), not SSE mode.
-    assert verdicts["replica CPU per asking round <= x1.15 plain FastMCP"] == ("x1.10", "PASS")
-    assert verdicts["replica CPU per answer round <= x1.15 plain FastMCP"] == ("x1.20", "FAIL")
+    assert verdicts["replica CPU per asking round <= x1.00 plain FastMCP"] == ("x1.10", "FAIL")
+    assert verdicts["replica CPU per answer round <= x1.00 plain FastMCP"] == ("x1.20", "FAIL")
+    # The replica as a user gets it (limits, notifications, tracing at their defaults).
+    user = "replica as a user gets it CPU per"
+    assert verdicts[f"{user} asking round <= x1.00 plain FastMCP"] == ("x1.00", "PASS")
+    assert verdicts[f"{user} answer round <= x1.00 plain FastMCP"] == ("x1.30", "FAIL")
+    assert any(r[0].startswith(REPLICA_DEFAULTS) for r in setups)
     assert verdicts["once=True adds <= 100 us CPU to the answer round"] == ("+50 us", "PASS")
     assert verdicts["once=True adds <= 0.3 ms p50 to the answer round"] == ("+0.20 ms", "PASS")
 

@@ -244,3 +244,30 @@ async def test_a_handshake_ask_left_unanswered_stops_counting_as_paused(
         with pytest.raises(ToolError):
             await client.call_tool("book_flight", {"destination": "Oslo"})
     assert metrics.paused == 0
+
+
+class _Seen(PrometheusMiddleware):
+    """A subclass with hooks of its own around the tool call's."""
+
+    def __init__(self) -> None:
+        super().__init__(CollectorRegistry())
+        self.seen: list[str] = []
+
+    async def on_message(self, context: Any, call_next: Any) -> Any:
+        self.seen.append(f"message {context.method}")
+        return await call_next(context)
+
+    async def on_request(self, context: Any, call_next: Any) -> Any:
+        self.seen.append(f"request {context.method}")
+        return await call_next(context)
+
+
+@pytest.mark.parametrize("mode", [MODERN, HANDSHAKE])
+async def test_a_subclass_with_its_own_outer_hooks_still_sees_each_tool_call(mode: str) -> None:
+    mw = _Seen()
+    target = _plain_app()
+    target.add_middleware(mw)
+    async with _client(target, mode) as client:
+        assert str((await client.call_tool("pick", {})).data).startswith("picked ")
+    assert "message tools/call" in mw.seen and "request tools/call" in mw.seen
+    assert rounds(mw, kind="final", outcome="ok", component="pick") == 1

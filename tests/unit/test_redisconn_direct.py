@@ -140,7 +140,7 @@ class _Client:
         return 1
 
 
-@pytest.mark.parametrize("version", ["8.2.0", "9.0.0", "7.4.0"])
+@pytest.mark.parametrize("version", ["8.3.0", "9.0.0", "7.4.0"])
 async def test_an_untested_redis_py_sends_the_ledgers_commands_through_the_pool(
     version: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -164,10 +164,31 @@ async def test_an_untested_redis_py_sends_the_ledgers_commands_through_the_pool(
     assert direct._made == 0  # no connection of its own was opened
 
 
-def test_the_tested_redis_py_drives_its_own_connections(
+def test_the_tested_redis_py_drives_its_own_connections_and_says_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="mcpfleet.redis"):
+    with caplog.at_level(logging.INFO, logger="mcpfleet.redis"):
         direct = DirectCommands(_Client())
     assert not direct.pooled
-    assert not [r for r in caplog.records if r.name == "mcpfleet.redis"]
+    (record,) = [r for r in caplog.records if r.name == "mcpfleet.redis"]
+    assert record.levelno == logging.INFO
+    assert f"redis-py {redis.__version__} (tested on" in record.getMessage()
+    assert "drive its connections directly" in record.getMessage()
+
+
+@pytest.mark.parametrize("minor", ["8.0", "8.1", "8.2"])
+def test_each_tested_minor_passes_the_version_gate(minor: str) -> None:
+    problem = direct_driver_problem(f"{minor}.0")
+    assert problem is None or "not a version" not in problem
+
+
+def test_on_a_cluster_the_ledgers_commands_go_through_its_client_and_it_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = _Client()
+    client.cluster = True  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO, logger="mcpfleet.redis"):
+        direct = DirectCommands(client)
+    assert direct.pooled
+    (record,) = [r for r in caplog.records if r.name == "mcpfleet.redis"]
+    assert "a Redis Cluster" in record.getMessage()

@@ -31,6 +31,7 @@ from benchkit.roundcost import (
     PLAIN_JSON,
     PLAIN_SSE,
     REPLICA,
+    REPLICA_DEFAULTS,
     REPLICA_ONCE,
     SSE_MODE,
     Server,
@@ -61,7 +62,8 @@ def replica_rows(servers: dict[str, Server]) -> tuple[list[Row], list[Row]]:
     rep, once = servers[REPLICA], servers[REPLICA_ONCE]
     base = plain.get(rep.mode, servers[PLAIN_SSE])
     out: list[Row] = []
-    for s in (servers[PLAIN_JSON], servers[PLAIN_SSE], rep, once):
+    user = servers[REPLICA_DEFAULTS]
+    for s in (servers[PLAIN_JSON], servers[PLAIN_SSE], rep, once, user):
         ratio = ""
         if s is not base:
             ratio = f" (x{s.rounds_per_core() / base.rounds_per_core():.2f} of plain {base.mode})"
@@ -75,20 +77,22 @@ def replica_rows(servers: dict[str, Server]) -> tuple[list[Row], list[Row]]:
             )
         )
     targets: list[Row] = []
-    for kind, ours, theirs in (
-        ("asking", rep.ask_us, base.ask_us),
-        ("answer", rep.answer_us, base.answer_us),
-    ):
-        ratio = ours / theirs
-        targets.append(
-            (
-                f"replica CPU per {kind} round <= x{CPU_RATIO_TARGET:.2f} plain FastMCP",
-                f"x{ratio:.2f}",
-                f"{ours:.0f} vs {theirs:.0f} us",
-                _verdict(ratio <= CPU_RATIO_TARGET),
-                f"{rep.asks} flows each, {rep.mode} mode",
+    for who, s in (("replica", rep), ("replica as a user gets it", user)):
+        same = plain.get(s.mode, servers[PLAIN_SSE])
+        for kind, ours, theirs in (
+            ("asking", s.ask_us, same.ask_us),
+            ("answer", s.answer_us, same.answer_us),
+        ):
+            ratio = ours / theirs
+            targets.append(
+                (
+                    f"{who} CPU per {kind} round <= x{CPU_RATIO_TARGET:.2f} plain FastMCP",
+                    f"x{ratio:.2f}",
+                    f"{ours:.0f} vs {theirs:.0f} us",
+                    _verdict(ratio <= CPU_RATIO_TARGET),
+                    f"{s.asks} flows each, {s.mode} mode",
+                )
             )
-        )
     added = once.answer_us - rep.answer_us
     targets.append(
         (

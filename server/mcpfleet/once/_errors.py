@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from fastmcp.exceptions import ToolError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.server.middleware.middleware import _dispatch_phase
 from fastmcp.tools.base import ToolResult
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolRequestParams
@@ -63,6 +64,15 @@ class FlowOutcomeUnknown(ToolError):
 
 class OnceMiddleware(Middleware):
     """Answers :class:`FlowUnavailable` and :class:`FlowOutcomeUnknown` as JSON-RPC errors."""
+
+    async def __call__(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        # A tool call's pass (FastMCP's "all" phase, or "typed") goes to the one hook
+        # this middleware has: the base class would build the on_message and
+        # on_request pass-throughs around it first, three coroutines and their
+        # closures on every round. Any other message takes the base class's way.
+        if context.method == "tools/call" and _dispatch_phase.get() != "outer":
+            return await self.on_call_tool(context, call_next)
+        return await super().__call__(context, call_next)
 
     async def on_call_tool(
         self,

@@ -26,7 +26,7 @@ log = logging.getLogger("mcpfleet.redis")
 
 #: redis-py ``major.minor`` versions whose connection internals
 #: :class:`DirectCommands` is tested on (the versions hack/lock/*.txt pin).
-TESTED_REDIS_PY = ("8.0", "8.1")
+TESTED_REDIS_PY = ("8.0", "8.1", "8.2")
 
 
 class Arg(enum.Enum):
@@ -127,6 +127,12 @@ def direct_driver_problem(version: str | None = None) -> str | None:
     return None
 
 
+def _redis_py_version() -> str:
+    import redis
+
+    return str(redis.__version__)
+
+
 class DirectCommands:
     """A hot path's commands on a few of ``client``'s own connections, used directly.
 
@@ -157,7 +163,8 @@ class DirectCommands:
     Only the commands the once ledger sends: ``set``, ``get``, ``eval``;
     ``info`` and the pool (for :func:`through_sentinel`) are ``client``'s.
     On a redis-py it is not tested with (:func:`direct_driver_problem`) the
-    three go through ``client`` itself (``pooled``), said once at start.
+    three go through ``client`` itself (``pooled``); which of the two paths the
+    commands take is logged once, when the driver is made (at start).
     """
 
     def __init__(self, client: Any, *, size: int = POOL_SIZE, wait: float = POOL_WAIT) -> None:
@@ -181,6 +188,15 @@ class DirectCommands:
         self.pooled = self.cluster or problem is not None
         if problem is not None:
             log.warning("%s: the once ledger's commands go through the client's pool", problem)
+        elif self.cluster:
+            log.info("redis: a Redis Cluster: the once ledger's commands go through its client")
+        else:
+            log.info(
+                "redis: redis-py %s (tested on %s): the once ledger's commands drive its "
+                "connections directly",
+                _redis_py_version(),
+                ", ".join(v + ".x" for v in TESTED_REDIS_PY),
+            )
 
     async def info(self, section: str) -> Any:
         return await self.client.info(section)

@@ -22,6 +22,7 @@ cost every round CPU and reach no exporter.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,8 @@ from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from opentelemetry import trace
 
 from mcpfleet.keys.codec import ReloadableCodec
+
+log = logging.getLogger("mcpfleet.replica")
 
 
 class AppLoadError(Exception):
@@ -107,6 +110,11 @@ def install_codec(
         )
     lowlevel.middleware[boundaries[0]] = RequestStateBoundary(security, default_audience=audience)
     app._request_state_security = security
+    log.info(
+        "fastmcp %s (tested on %s): the fleet's request-state codec replaces the app's",
+        fastmcp.__version__,
+        ", ".join(v + ".x" for v in TESTED_FASTMCP),
+    )
     return security
 
 

@@ -70,7 +70,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -206,6 +206,7 @@ class ReplicaMetrics:
     def __init__(self, *, app: str, ring: Callable[[], KeyRing], gate: GateState) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._codec_children: dict[tuple[str, str], Any] = {}
         self.seals = Counter(
             "mcpfleet_requeststate_seals",
             "Request-state tokens sealed, by the kid of the sealing key.",
@@ -370,10 +371,18 @@ class ReplicaMetrics:
         every rejection (the codec's included), and :meth:`watch_rejections`
         counts each once.
         """
-        if event == "seal":
-            self.seals.labels(value).inc()
-        elif event == "unseal":
-            self.unseals.labels(value).inc()
+        child = self._codec_children.get((event, value))
+        if child is None:
+            # Kept per (event, kid): a round finds its counter in one lookup. Kids are
+            # the ring's own (an unseal is counted once the token verified).
+            if event == "seal":
+                child = self.seals.labels(value)
+            elif event == "unseal":
+                child = self.unseals.labels(value)
+            else:
+                return
+            self._codec_children[(event, value)] = child
+        child.inc()
 
     def once_outcome(self, outcome: OnceOutcome) -> None:
         """The once-ledger's observer."""

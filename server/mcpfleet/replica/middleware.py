@@ -56,6 +56,7 @@ from fastmcp.exceptions import DisabledError, NotFoundError
 from fastmcp.prompts.base import InputRequiredPromptResult, PromptResult
 from fastmcp.resources.base import InputRequiredResourceResult, ResourceResult
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.server.middleware.middleware import _dispatch_phase
 from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from mcp_types import (
     CallToolRequestParams,
@@ -195,10 +196,32 @@ class PrometheusMiddleware(Middleware):
         #: Handshake-era asks sent and not yet answered: tools paused on their user
         #: (a count the replica attests; a scale-in would cut them).
         self.paused = 0
+        #: Each metric's children by label values, as ``labels()`` made them: a round
+        #: finds its own in one dict lookup (``labels()`` checks, converts and
+        #: locks on every call). As bounded as the labels (module docstring).
+        self._children: dict[tuple[str, ...], Any] = {}
         self._active: ContextVar[_Round | None] = ContextVar(
             f"mcpfleet_round_{id(self)}", default=None
         )
         self._wrapped_key = f"_mcpfleet_round_observer_{id(self)}"
+        cls = type(self)
+        self._typed_first = (
+            cls.on_message is Middleware.on_message and cls.on_request is Middleware.on_request
+        )
+
+    async def __call__(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        # A tool call's pass (FastMCP's "all" phase, or "typed") goes straight to
+        # on_call_tool when on_message and on_request are the base class's
+        # pass-throughs (a subclass that overrides either takes the base class's
+        # way): building them around the hook costs every round three coroutines
+        # and their closures. Any other message takes the base class's way.
+        if (
+            context.method == "tools/call"
+            and self._typed_first
+            and _dispatch_phase.get() != "outer"
+        ):
+            return await self.on_call_tool(context, call_next)
+        return await super().__call__(context, call_next)
 
     # --- the three component hooks ---------------------------------------------------------
 
@@ -307,10 +330,20 @@ class PrometheusMiddleware(Middleware):
     def _end(self, r: _Round, kind: str, outcome: str) -> None:
         if tracing.ON:
             _note_round(r, kind, outcome)
-        self.rounds.labels(kind, r.component_type, r.component, r.era, outcome, r.step).inc()
-        self.duration.labels(r.component_type, r.component, kind, r.era).observe(
+        self._child(
+            self.rounds, "r", kind, r.component_type, r.component, r.era, outcome, r.step
+        ).inc()
+        self._child(self.duration, "d", r.component_type, r.component, kind, r.era).observe(
             time.perf_counter() - r.started, tracing.exemplar() if tracing.ON else None
         )
+
+    def _child(self, metric: Any, tag: str, *values: str) -> Any:
+        """``metric.labels(*values)``, kept (``tag`` names the metric in the key)."""
+        key = (tag, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def _final(self, r: _Round, outcome: str) -> None:
         self._end(r, "final", outcome)
@@ -318,7 +351,9 @@ class PrometheusMiddleware(Middleware):
     def _count_responses(self, r: _Round, results: Iterable[Any]) -> None:
         for result in results:
             if isinstance(result, ElicitResult):
-                self.responses.labels(r.era, result.action, r.component_type, r.component).inc()
+                self._child(
+                    self.responses, "a", r.era, result.action, r.component_type, r.component
+                ).inc()
 
     # --- handshake era: rounds end when the server asks the client ----------------------------
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -286,7 +287,7 @@ class Replica:
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         # The app's session manager exists now (its lifespan started first).
-        prime_by_session(self.http_main)
+        prime_sessions(self.http_main)
         async with contextlib.AsyncExitStack() as stack:
             if self.json_app is not None:
                 # Its session manager (modern rounds only: no sessions) runs beside the
@@ -474,6 +475,19 @@ class Replica:
         )
         if marked:
             log.info("%d session(s) with a request in flight marked lost", len(sessions))
+
+
+def prime_sessions(http_app: Any) -> bool:
+    """:func:`mcpfleet.notify.prime_by_session` on ``http_app``, and which path it took
+    logged (its refusal logs why mcp's own transport serves)."""
+    primed = prime_by_session(http_app)
+    if primed:
+        log.info(
+            "sse: mcp %s: handshake sessions get mcpfleet's transport (primed by session, "
+            "resumed without loss)",
+            importlib.metadata.version("mcp"),
+        )
+    return primed
 
 
 #: The MCP SDK's session manager logs every session id at INFO; a handshake

@@ -59,6 +59,7 @@ import contextvars
 import functools
 import importlib
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
@@ -76,6 +77,8 @@ from mcpfleet.tasks._status import announce, announce_settled
 from mcpfleet.tasks._trace import forget_creator, leg_span
 
 T = TypeVar("T")
+
+log = logging.getLogger("mcpfleet.tasks")
 
 #: ``fastmcp-tasks`` ``major.minor`` versions whose internals (every replacement
 #: above, the snapshot codec hook first) :func:`tested_engine` accepts.
@@ -113,6 +116,11 @@ def tested_engine() -> Any:
             f"({', '.join(v + '.x' for v in TESTED_FASTMCP_TASKS)}): its task snapshots could "
             "carry credentials into Redis; install a tested fastmcp-tasks"
         )
+    log.info(
+        "tasks: fastmcp-tasks %s (tested on %s): the fleet's engine hooks are installed",
+        fastmcp_tasks.__version__,
+        ", ".join(v + ".x" for v in TESTED_FASTMCP_TASKS),
+    )
     return TasksExtension
 
 
