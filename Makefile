@@ -31,7 +31,7 @@ venv: $(STAMP) ## the virtual environment in .venv, with the project and its tes
 # of its own beside .venv.
 TASKS_VENV := .venv-tasks
 $(TASKS_VENV)/.installed: pyproject.toml hack/lock/tasks.txt
-	test -x $(TASKS_VENV)/bin/python || $(PYTHON) -m venv $(TASKS_VENV)
+	test -x $(TASKS_VENV)/bin/python || bash hack/venv.sh $(PYTHON) $(TASKS_VENV)
 	$(TASKS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(TASKS_VENV)/bin/python -m pip install -q --require-hashes -r hack/lock/tasks.txt
 	$(TASKS_VENV)/bin/python -m pip install -q --no-deps -e .
@@ -51,7 +51,7 @@ test-tasks: venv-tasks deps tools conformance-tasks-suite ## the MCP tasks tests
 LATEST_VENV := .venv-latest
 LATEST_TIERS ?= unit or packaging
 venv-latest: ## .venv-latest: every dependency at the newest version pyproject.toml's bounds allow, resolved again each time
-	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	test -x $(LATEST_VENV)/bin/python || bash hack/venv.sh $(PYTHON) $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]'
 	@echo "newest within the bounds:" $$($(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(fastmcp|mcp|redis|uvicorn|starlette|pydantic|aiohttp|cryptography|prometheus[-_]client|opentelemetry-sdk|kopf)==')
