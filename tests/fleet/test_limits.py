@@ -237,7 +237,10 @@ def test_a_flood_of_rounds_is_refused_with_retry_after_and_another_principal_is_
     assert set(statuses) == {200}, "bob was refused"
     assert seen.get(200, 0) > 0 and seen.get(429, 0) > 0
     assert retry_afters and all(int(r) >= 1 for r in retry_afters)
-    assert during <= alone * 1.5 + 2.0, (alone, during)
+    # Loose on purpose: the figure itself is make bench's (--flood-only); this holds
+    # only that alice's flood does not take bob's latency with it (test_limits_refused
+    # holds the 16-thread flood's within x3).
+    assert during <= alone * 3 + 2.0, (alone, during)
 
 
 def test_the_rate_holds_fleet_wide_and_a_tool_of_its_own_gets_its_tighter_rate(
