@@ -235,6 +235,16 @@ class Publisher:
                         self.interval,
                     )
                 self.healthy = False
+            except Exception:
+                # Anything else (a record that cannot be built) must not end the
+                # heartbeat unseen: the replica would serve on while the routers and
+                # the operator forget it. Logged with its trace once, retried as above.
+                if self.healthy is not False:
+                    log.exception(
+                        "cannot publish this replica's record; retrying every %.1fs",
+                        self.interval,
+                    )
+                self.healthy = False
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
