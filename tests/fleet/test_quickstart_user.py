@@ -85,14 +85,22 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(source, dest / name)
 
 
+def _shared_site(tree: Path) -> Path:
+    """Where this tree's venv packages are bound in the workspace, for ``nobody``."""
+    return tree.parent / "site-packages"
+
+
 def _premade_venv(tree: Path) -> None:
     venv = tree / ".venv"
     subprocess.run([str(BASE_PYTHON), "-m", "venv", "--without-pip", str(venv)], check=True)
     (site,) = (venv / "lib").glob("python3.*/site-packages")
     # The copy's own packages first, then the packages this tree's venv installed
     # (their .pth files are not run: this tree's editable finder stays out).
+    # The latter are reached through a bind mount in the workspace (see
+    # _as_nobody_without_redis): this tree may lie under a directory nobody cannot
+    # enter (a clone in a mktemp directory, or under /root).
     (site / "quickstart.pth").write_text(
-        f"{tree / 'server'}\n{tree / 'operator'}\n{_site_packages()}\n"
+        f"{tree / 'server'}\n{tree / 'operator'}\n{_shared_site(tree)}\n"
     )
     script = (ROOT / ".venv" / "bin" / "mcpfleet").read_text().split("\n", 1)[1]
     (venv / "bin" / "mcpfleet").write_text(f"#!{venv / 'bin' / 'python'}\n{script}")
@@ -123,12 +131,16 @@ def _reach_python(spare: Path) -> str:
 @contextlib.contextmanager
 def _as_nobody_without_redis(tree: Path, home: Path, command: str) -> Iterator[Run]:
     real, shown, spare = (home.parent / d for d in ("usr-bin", "usr-bin-shown", "python"))
-    for d in (real, shown, spare):
+    site = _shared_site(tree)
+    for d in (real, shown, spare, site):
         d.mkdir()
     for program in Path("/usr/bin").iterdir():
         if program.name not in HIDDEN:
             (shown / program.name).symlink_to(real / program.name)
-    hide = f"mount --bind /usr/bin {real} && mount --bind {shown} /usr/bin"
+    hide = (
+        f"mount --bind /usr/bin {real} && mount --bind {shown} /usr/bin"
+        f" && mount --bind -o ro {_site_packages()} {site}"
+    )
     script = (
         f"set -e; {hide}; {_reach_python(spare)}; "
         f"exec setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups -- "
