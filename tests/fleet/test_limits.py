@@ -23,15 +23,13 @@ import redis
 
 from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.wire import MODERN, MODERN_META, initialize_body, modern_call
-from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.dev.fleet import free_port
+from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet, own_app_fleet
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared
 
 pytestmark = pytest.mark.fleet
 
-OWN_APP = Path(__file__).resolve().parents[2] / "deploy" / "own-app"
 JSON_SSE = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 #: The limits every test starts from (each test that changes them puts them back).
 ORDER = {"item": "tea", "quantity": 1}
@@ -58,17 +56,8 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory, issuer: TokenIssuer, limits_file: Path
 ) -> Iterator[ProcessFleet]:
     workdir = tmp_path_factory.mktemp("limits-auth")
-    key = issuer.write_public_key(workdir / "jwt-public.pem")
-    port = free_port()
-    env = {**issuer.app_env(key, f"http://127.0.0.1:{port}"), "PYTHONPATH": str(OWN_APP)}
-    options = FleetOptions(
-        replicas=2,
-        app="ownapp.server:mcp",
-        env=env,
-        port=port,
-        replica_args=("--limits-file", str(limits_file)),
-    )
-    with local_fleet(workdir, options) as lf, shared(lf):
+    replica_args = ("--limits-file", str(limits_file))
+    with own_app_fleet(workdir, issuer, replica_args=replica_args) as lf, shared(lf):
         yield lf
 
 

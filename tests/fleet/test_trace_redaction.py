@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -24,18 +23,15 @@ from fastmcp.server.auth.providers.jwt import JWTVerifier
 
 from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.rawsession import RawSession
-from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
+from fleetkit.fleet import ProcessFleet, own_app_fleet
 from fleetkit.otlp import Got, Receiver
 from mcpfleet import tracing
-from mcpfleet.dev.fleet import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.limits import principal_digest
 
 from .conftest import shared
 
 pytestmark = pytest.mark.fleet
-
-OWN_APP = Path(__file__).resolve().parents[2] / "deploy" / "own-app"
 
 
 @pytest.fixture(
@@ -71,17 +67,12 @@ def fleet(
     receiver: Receiver,
 ) -> Iterator[ProcessFleet]:
     workdir = tmp_path_factory.mktemp(f"redaction-{install}")
-    key = issuer.write_public_key(workdir / "jwt-public.pem")
-    port = free_port()
     env = {
-        **issuer.app_env(key, f"http://127.0.0.1:{port}"),
-        "PYTHONPATH": str(OWN_APP),
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         tracing.IDENTITY_ENV: tracing.DIGEST,
     }
-    options = FleetOptions(replicas=2, app="ownapp.server:mcp", env=env, port=port)
-    with local_fleet(workdir, options) as lf, shared(lf):
+    with own_app_fleet(workdir, issuer, env=env) as lf, shared(lf):
         yield lf
 
 

@@ -36,10 +36,8 @@ import httpx
 from benchkit.table import Row, part_main
 from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.wire import modern_call
-from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.dev.fleet import free_port
+from fleetkit.fleet import ProcessFleet, own_app_fleet
 
-OWN_APP = Path(__file__).resolve().parents[3] / "deploy" / "own-app"
 #: bob's pace: one round every this many seconds (an Event never set: a timed pause).
 BOB_EVERY = 0.05
 _PACE = threading.Event()
@@ -166,20 +164,11 @@ def jwt_fleet(
     replica_args: tuple[str, ...] = (),
     router_args: tuple[str, ...] = (),
 ) -> Iterator[ProcessFleet]:
-    """Two replicas of the own-app (JWT auth) behind one router: the default limits,
-    then ``replica_args``."""
-    key = issuer.write_public_key(workdir / "jwt-public.pem")
-    port = free_port()
-    env = {**issuer.app_env(key, f"http://127.0.0.1:{port}"), "PYTHONPATH": str(OWN_APP)}
-    options = FleetOptions(
-        replicas=2,
-        app="ownapp.server:mcp",
-        env=env,
-        port=port,
-        replica_args=(*DEFAULT_LIMITS, *replica_args),
-        router_args=router_args,
-    )
-    with local_fleet(workdir, options) as lf:
+    """:func:`fleetkit.fleet.own_app_fleet` with the replicas' default limits, then
+    ``replica_args``."""
+    with own_app_fleet(
+        workdir, issuer, replica_args=(*DEFAULT_LIMITS, *replica_args), router_args=router_args
+    ) as lf:
         yield lf
 
 

@@ -21,9 +21,10 @@ from typing import Any, Protocol, TypeVar
 import redis
 
 import mcpfleet
+from fleetkit.clients.jwtkit import TokenIssuer
 from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
-from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.fleet import LocalFleet, free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import read_ring, write_ring
 from mcpfleet.keys.ring import KeyRing
@@ -189,6 +190,39 @@ def local_fleet(workdir: Path, options: FleetOptions | None = None) -> Iterator[
     require_redis()
     lf = ProcessFleet(workdir, **(options or FleetOptions()).fleet_fields())
     with running(lf, diagnostics):
+        yield lf
+
+
+#: deploy/own-app: an app of one's own with FastMCP's JWT auth (``ownapp.server:mcp``).
+OWN_APP = Path(__file__).resolve().parents[3] / "deploy" / "own-app"
+
+
+@contextlib.contextmanager
+def own_app_fleet(
+    workdir: Path,
+    issuer: TokenIssuer,
+    *,
+    replica_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> Iterator[ProcessFleet]:
+    """Two replicas of deploy/own-app, verifying ``issuer``'s tokens, behind one router;
+    ``env`` is added to the app's own environment."""
+    key = issuer.write_public_key(workdir / "jwt-public.pem")
+    port = free_port()
+    options = FleetOptions(
+        replicas=2,
+        app="ownapp.server:mcp",
+        env={
+            **issuer.app_env(key, f"http://127.0.0.1:{port}"),
+            "PYTHONPATH": str(OWN_APP),
+            **(env or {}),
+        },
+        port=port,
+        replica_args=tuple(replica_args),
+        router_args=tuple(router_args),
+    )
+    with local_fleet(workdir, options) as lf:
         yield lf
 
 
