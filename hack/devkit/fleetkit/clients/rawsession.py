@@ -109,7 +109,8 @@ class RawSession:
         )
         resp = await self.http.send(req, stream=True)
         asked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        call = PendingCall(resp, asyncio.ensure_future(_read_call(resp, asked)))
+        received: list[dict[str, Any]] = []
+        call = PendingCall(resp, asyncio.ensure_future(_read_call(resp, asked, received)), received)
         try:
             resp.raise_for_status()
             call.request_id = await asyncio.wait_for(asyncio.shield(asked), 30)
@@ -135,8 +136,19 @@ class PendingCall:
     response: httpx.Response
     #: Reads the call's stream to its end (or until closed).
     reader: asyncio.Future[None]
+    #: Every JSON-RPC message the call's stream carried, in order.
+    received: list[dict[str, Any]] = field(default_factory=list)
     #: The id of the server's ``elicitation/create``.
     request_id: Any = None
+
+    def results(self) -> list[dict[str, Any]]:
+        """The answers to the call itself (a JSON-RPC result or error) the stream carried."""
+        return [m for m in self.received if "result" in m or "error" in m]
+
+    async def finished(self, timeout: float) -> list[dict[str, Any]]:
+        """:meth:`results` once the stream ended (within ``timeout`` seconds)."""
+        await asyncio.wait_for(asyncio.shield(self.reader), timeout)
+        return self.results()
 
     async def aclose(self) -> None:
         self.reader.cancel()
@@ -145,14 +157,21 @@ class PendingCall:
         await self.response.aclose()
 
 
-async def _read_call(resp: httpx.Response, asked: asyncio.Future[Any]) -> None:
-    """Read a call's SSE stream to its end; ``asked`` gets the elicitation's id."""
+async def _read_call(
+    resp: httpx.Response, asked: asyncio.Future[Any], received: list[dict[str, Any]]
+) -> None:
+    """Read a call's SSE stream to its end into ``received``; ``asked`` gets the
+    elicitation's id."""
     try:
         async for line in resp.aiter_lines():
             # A priming event (an id, empty data: a replica with an event store) says nothing.
-            if not line.startswith("data:") or not line[5:].strip() or asked.done():
+            if not line.startswith("data:") or not line[5:].strip():
                 continue
             msg = json.loads(line[5:])
+            if isinstance(msg, dict):
+                received.append(msg)
+            if asked.done():
+                continue
             if isinstance(msg, dict) and msg.get("method") == "elicitation/create":
                 asked.set_result(msg["id"])
     except httpx.HTTPError:

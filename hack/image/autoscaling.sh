@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The images of the autoscaling e2e tier (docs/autoscaling.md): `make
+# autoscaling-images` runs this.
+#
+#   localhost/mcpfleet-keda:<keda version>  KEDA's operator and metrics API server,
+#                                           built from the pin in hack/tools/keda
+#   localhost/mcpfleet-prometheus:<tag>     Debian's prometheus (KEDA's triggers read it)
+#
+# Each written as a docker-archive into .cache/image/ (what `kind load
+# image-archive` reads); the last two lines of output name the archives. KEDA's
+# binaries come from hack/tools/build.sh into .cache/bin (the Go build cache makes
+# a rebuild cheap; a cold one is the longest step of a cold CI run,
+# docs/testing.md). Daemonless (buildah on the base hack/image/base.sh makes), or
+# docker where an engine answers.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root"
+log() { echo "autoscaling-images: $*" >&2; }
+
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)"
+tag="${IMAGE_TAG:-$version}"
+keda="$(sed -n 's|^[[:space:]]*github.com/kedacore/keda/v2 \(v[^ ]*\).*|\1|p' hack/tools/keda/go.mod)"
+bin="$root/.cache/bin"
+out="$root/.cache/image"
+mkdir -p "$out"
+
+start=$SECONDS
+bash hack/tools/build.sh "$bin" keda-operator keda-adapter
+log "KEDA $keda binaries ready in $((SECONDS - start))s"
+
+# The build context of the KEDA image: only its two binaries (hard links, no copy).
+context="$(mktemp -d "$out/keda-context.XXXXXX")"
+trap 'rm -rf "$context"' EXIT
+ln -f "$bin/keda-operator" "$bin/keda-adapter" "$context/" 2>/dev/null ||
+	cp "$bin/keda-operator" "$bin/keda-adapter" "$context/"
+
+keda_image="localhost/mcpfleet-keda:$keda"
+keda_archive="$out/mcpfleet-keda-$keda.tar"
+prom_image="localhost/mcpfleet-prometheus:$tag"
+prom_archive="$out/mcpfleet-prometheus-$tag.tar"
+
+# shellcheck source=hack/image/builder.sh
+source "$here/builder.sh"
+if [[ "$(image_builder)" == docker ]]; then
+	docker build --build-arg "VERSION=$keda" -t "$keda_image" -f hack/image/keda.Dockerfile "$context" >&2
+	docker build --build-arg "VERSION=$version" -t "$prom_image" -f hack/image/prometheus.Dockerfile hack/image >&2
+	docker save -o "$keda_archive" "$keda_image"
+	docker save -o "$prom_archive" "$prom_image"
+else
+	# shellcheck source=hack/image/containers-env.sh
+	source "$here/containers-env.sh"
+	read -r base _ < <(bash "$here/base.sh")
+	buildah build --format docker --layers --network host \
+		--build-arg "BASE=$base" --build-arg "VERSION=$keda" \
+		-t "$keda_image" -f hack/image/keda.Dockerfile "$context" >&2
+	buildah build --format docker --layers --network host \
+		--build-arg "BASE=$base" --build-arg "VERSION=$version" \
+		-t "$prom_image" -f hack/image/prometheus.Dockerfile hack/image >&2
+	rm -f "$keda_archive" "$prom_archive"
+	buildah push --quiet "$keda_image" "docker-archive:$keda_archive:$keda_image" >/dev/null
+	buildah push --quiet "$prom_image" "docker-archive:$prom_archive:$prom_image" >/dev/null
+fi
+log "built in $((SECONDS - start))s: $keda_archive ($(du -h "$keda_archive" | cut -f1)), $prom_archive ($(du -h "$prom_archive" | cut -f1))"
+echo "$keda_archive"
+echo "$prom_archive"
