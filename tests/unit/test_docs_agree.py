@@ -103,6 +103,8 @@ def _table_claims(page: Path) -> list[tuple[str, str | None, str, str]]:
         flagged = [c for c in others if FLAG.search(c) and not c.startswith("(")]
         if not flagged or not _numbers(stated):
             continue
+        if stated.startswith("`"):
+            continue  # a word or an address (`auto`, `127.0.0.1`), no number
         flags = FLAG.findall(flagged[0])
         command = COMMAND.search(flagged[0]) or COMMAND.search(" ".join(header))
         where = f"{page.name}:{n}"

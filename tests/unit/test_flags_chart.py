@@ -1,4 +1,4 @@
-"""The chart's values agree with the flags' table (:data:`mcpfleet.config.SETTINGS`).
+"""The chart's values and docs/flags.md agree with the flags' tables (config.SETTINGS).
 
 The table is the one source: a flag that names the chart value it is passed
 from (``chart``) must
@@ -12,10 +12,15 @@ from (``chart``) must
 - be what the chart's Deployment passes to that flag: every ``--flag={{ .Values.X }}``
   of the server's and the router's Deployments is a flag of that process whose
   table names ``X``.
+
+docs/flags.md's tables are made from the same tables (``make flags-docs``):
+the committed page is what they make.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -25,7 +30,7 @@ import jsonschema
 import pytest
 import yaml
 
-from mcpfleet.config import SETTINGS, Flags, Setting
+from mcpfleet.config import REPLICA_FLAGS, SETTINGS, Flags, ReplicaConfig, Setting
 
 pytestmark = pytest.mark.unit
 
@@ -180,3 +185,42 @@ def test_a_deployment_passing_another_value_or_an_unknown_flag_is_reported() -> 
         "serve --state-ttl: the chart passes server.sseTtl, the table says server.stateTTL",
         "deployment.yaml: --redis-pool-max is no flag of mcpfleet router",
     ]
+
+
+# --------------------------------------------------------------------------- docs/flags.md
+
+
+def _flags_table() -> Any:
+    path = CHART.parents[1] / "docs" / "flags-table.py"
+    spec = importlib.util.spec_from_file_location("flags_table", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_flags_md_is_what_the_tables_make() -> None:
+    """``make flags-docs`` was run after the last change to a flag's declaration."""
+    made = _flags_table()
+    page = made.PAGE.read_text()
+    assert made.render(page) == page, "docs/flags.md is stale: run make flags-docs"
+
+
+def test_docs_flags_md_has_a_row_for_every_flag_of_both_processes() -> None:
+    page = _flags_table().PAGE.read_text()
+    for command, flags in SETTINGS.items():
+        section = page.split(f"<!-- flags:{command}:begin -->")[1].split("<!-- flags:")[0]
+        rows = re.findall(r"^\| `(--[a-z-]+)", section, re.M)
+        assert [r for r in rows if r != "--redis"] == [s.flag for s in flags.settings()], command
+
+
+def test_a_changed_default_makes_docs_flags_md_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _flags_table()
+    page = made.PAGE.read_text()
+    rows = list(REPLICA_FLAGS.rows)
+    i, ttl = next((n, r) for n, r in enumerate(rows) if getattr(r, "flag", "") == "--state-ttl")
+    assert isinstance(ttl, Setting)
+    rows[i] = dataclasses.replace(ttl, default=300.0)
+    monkeypatch.setitem(made.SETTINGS, "serve", Flags(ReplicaConfig, tuple(rows)))
+    changed = made.render(page)
+    assert changed != page and "| `--state-ttl` | 300 |" in changed
