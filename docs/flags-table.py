@@ -54,13 +54,21 @@ def what(setting: Setting, default: Any) -> str:
     return text.replace("|", "\\|")
 
 
+def chart(setting: Setting) -> str:
+    """The chart value, and why its default is not the flag's where it is not."""
+    if not setting.chart:
+        return ""
+    differs = f" (not the default: {setting.chart_differs})" if setting.chart_differs else ""
+    return f"`{setting.chart}`{differs}"
+
+
 def row(setting: Setting, flags: Flags) -> str:
     default = setting.default_in(flags.config)
     cells = [
         f"`{setting.flag}`" + (" (repeatable)" if setting.kind == "repeat" else ""),
         shown(setting, default),
         f"`{setting.env}`" if setting.env else "",
-        f"`{setting.chart}`" if setting.chart else "",
+        chart(setting),
         what(setting, default),
     ]
     return "| " + " | ".join(cells) + " |"

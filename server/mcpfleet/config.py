@@ -588,8 +588,8 @@ ROUTER_FLAGS = Flags(
             "max sessions per replica (default: no cap)",
             int,
             chart="router.sessionCap",
-            chart_differs="the chart caps each replica's sessions at 1000 (its memory request"
-            " holds them); a router run by hand has no cap",
+            chart_differs="the chart caps each replica at 1000 sessions; a router run by hand has"
+            " no cap",
         ),
         Setting(
             "--refresh-interval",
@@ -611,8 +611,8 @@ ROUTER_FLAGS = Flags(
             "s requests and streams in flight may finish after SIGTERM (default {default})",
             positive_int,
             chart="router.gracefulTimeout",
-            chart_differs="in a Pod, streams get longer to finish: the chart's"
-            " terminationGracePeriodSeconds is made from it",
+            chart_differs="the chart gives requests and streams in flight 10 s, counted in"
+            " the Pod's terminationGracePeriodSeconds",
         ),
         Setting(
             "--drain-linger",
