@@ -39,6 +39,9 @@ DEFAULT_APP = "mcpfleet.example.app:app"
 #: The variable a replica takes its name from when ``--name`` is not given (the
 #: chart sets it from the downward API), before ``host-port``.
 POD_NAME_ENV = "POD_NAME"
+#: The address a replica bound to every interface advertises when ``--advertise``
+#: is not given (the chart sets it from the downward API), before 127.0.0.1.
+POD_IP_ENV = "POD_IP"
 
 #: How long an idle handshake-era session lives: the replica forgets it, and
 #: the router's routing entry expires, after this long without a request.
@@ -163,7 +166,7 @@ class ReplicaConfig:
             return self.advertise.rstrip("/")
         host = self.host
         if host in ("0.0.0.0", "::", ""):
-            host = os.environ.get("POD_IP") or "127.0.0.1"
+            host = os.environ.get(POD_IP_ENV) or "127.0.0.1"
         return f"http://{host}:{self.port}"
 
 
@@ -453,7 +456,7 @@ REPLICA_FLAGS = Flags(
         ),
         RedisFlags("Redis for the registry (omit: standalone)"),
         Setting("--name", "replica name (default: $POD_NAME or host-port)", env=POD_NAME_ENV),
-        Setting("--advertise", "URL other components reach this replica at"),
+        Setting("--advertise", "URL other components reach this replica at", env=POD_IP_ENV),
         FLEET,
         Setting("--audience", "request-state audience (default: from --app)"),
         Setting("--state-ttl", "token TTL, s", positive, chart="server.stateTTL"),
