@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards flags-docs rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -184,6 +184,10 @@ bench-ref: venv deps bench-deps ## this tree's router beside an earlier commit's
 
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
 # alert rules checked and unit-tested with promtool.
+# docs/flags.md's tables from the flags' declarations (mcpfleet.config.SETTINGS).
+flags-docs: venv ## docs/flags.md's tables of the serve and router flags regenerated from mcpfleet.config
+	$(PY) docs/flags-table.py
+
 dashboards: venv ## the Grafana dashboards (charts/mcpfleet/dashboards/*.json) regenerated
 	$(PY) deploy/monitoring/dashboards.py
 

@@ -1,26 +1,47 @@
-"""The settings of a replica and of a router: the one source of their defaults.
+"""The settings of a replica and of a router: the one source of their defaults and flags.
 
-Plain dataclasses with no I/O and no heavy imports, so the command line
-derives every flag's default from them (``mcpfleet serve --help`` shows what
-the code uses) and a deployment reads one place to see what a value means.
-Values that two components must agree on say so: a replica's session idle
-time is the router's session TTL.
+Plain dataclasses with no I/O and no heavy imports, so a deployment reads one
+place to see what a value means. Values that two components must agree on say
+so: a replica's session idle time is the router's session TTL.
+
+Below them, :data:`SETTINGS`: one table per process (``serve``, ``router``) of
+its flags, in ``--help``'s order: each flag's name, how its value is read (the
+argparse types here), its help line, the environment variable the process falls
+back to, and the chart value that sets it. A flag's default is its config
+field's; a flag both processes take (``--host``, ``--fleet``,
+``--redis-deadline``, ...) is declared once and named in both tables.
+:mod:`mcpfleet.commands` makes the parsers from the tables; the tests hold the
+docs' stated defaults and the chart's values to them. The Redis flags
+(:mod:`mcpfleet.commands.redisflags`) are declared there, once for ``serve``,
+``router`` and the operator, which may not import this module; a table marks
+where they go with :class:`RedisFlags`.
 """
 
 from __future__ import annotations
 
+import argparse
+import builtins
+import dataclasses
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
+from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL, check_fleet_name
 from mcpfleet.limits import Count, LimitRules, Rate
 from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT, RedisFiles
 
 #: The app ``mcpfleet serve`` runs when no ``--app`` is given.
 DEFAULT_APP = "mcpfleet.example.app:app"
+
+#: The variable a replica takes its name from when ``--name`` is not given (the
+#: chart sets it from the downward API), before ``host-port``.
+POD_NAME_ENV = "POD_NAME"
+#: The address a replica bound to every interface advertises when ``--advertise``
+#: is not given (the chart sets it from the downward API), before 127.0.0.1.
+POD_IP_ENV = "POD_IP"
 
 #: How long an idle handshake-era session lives: the replica forgets it, and
 #: the router's routing entry expires, after this long without a request.
@@ -138,14 +159,14 @@ class ReplicaConfig:
         )
 
     def resolved_name(self) -> str:
-        return self.name or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{self.port}"
+        return self.name or os.environ.get(POD_NAME_ENV) or f"{socket.gethostname()}-{self.port}"
 
     def resolved_address(self) -> str:
         if self.advertise:
             return self.advertise.rstrip("/")
         host = self.host
         if host in ("0.0.0.0", "::", ""):
-            host = os.environ.get("POD_IP") or "127.0.0.1"
+            host = os.environ.get(POD_IP_ENV) or "127.0.0.1"
         return f"http://{host}:{self.port}"
 
 
@@ -207,3 +228,464 @@ class RouterConfig:
     #: ``notifications/initialized``) may take before the request gets a 503
     #: with Retry-After; the session stays re-homable.
     rehome_timeout: float = 10.0
+
+
+# --------------------------------------------------------------------------- how flags are read
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def fleet_name(text: str) -> str:
+    try:
+        return check_fleet_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------- the flags
+
+
+#: A :class:`Setting`'s default when it names none: its config field's.
+FROM_CONFIG: Any = object()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One flag of a process: its name, how its value is read, its help line.
+
+    ``kind``: ``value`` takes one (read by ``type``, one of ``choices``);
+    ``switch`` turns its field on and ``off-switch`` off; ``repeat`` adds one
+    value each time it is given. ``help`` may name the default as ``{default}``
+    (or ``{default:g}``). ``field`` is the config field (and the Namespace's
+    attribute) it sets, when not the flag's own name. ``env``: the variable the
+    process reads when the flag is not given. ``chart``: the chart value (a
+    path in values.yaml) the chart passes it from, and ``chart_differs`` why
+    that value's default is not the flag's, if it is not.
+    """
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    kind: Literal["value", "switch", "off-switch", "repeat"] = "value"
+    field: str = ""
+    default: Any = FROM_CONFIG
+    choices: tuple[str, ...] | None = None
+    required: bool = False
+    env: str | None = None
+    chart: str | None = None
+    chart_differs: str = ""
+
+    @property
+    def name(self) -> str:
+        """The flag's own name as argparse makes it a name: ``--state-ttl`` is ``state_ttl``."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def dest(self) -> str:
+        """The config field and Namespace attribute the flag sets."""
+        return self.field or self.name
+
+    def default_in(self, config: builtins.type) -> Any:
+        """The default: the one declared here, else ``config``'s field's (None if it has none)."""
+        if self.default is not FROM_CONFIG:
+            return self.default
+        (f,) = [f for f in dataclasses.fields(config) if f.name == self.dest]
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        if f.default_factory is not dataclasses.MISSING:
+            return f.default_factory()
+        return None
+
+    def help_line(self, default: Any) -> str:
+        return self.help.format(default=default)
+
+    def said(self, help: str, *, chart: str | None = None, chart_differs: str = "") -> Setting:
+        """This flag in one process's words (``help``), passed from ``chart`` there."""
+        return dataclasses.replace(self, help=help, chart=chart, chart_differs=chart_differs)
+
+
+@dataclass(frozen=True)
+class RedisFlags:
+    """Where a table takes the Redis flags (:mod:`mcpfleet.commands.redisflags`)."""
+
+    url_help: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Flags:
+    """A process's flags in ``--help``'s order, their defaults from ``config``."""
+
+    config: type
+    rows: tuple[Setting | RedisFlags, ...]
+
+    def settings(self) -> list[Setting]:
+        return [row for row in self.rows if isinstance(row, Setting)]
+
+    def defaults(self) -> dict[str, Any]:
+        """Every flag's default, by flag."""
+        return {s.flag: s.default_in(self.config) for s in self.settings()}
+
+
+# Flags both processes take, declared once.
+HOST = Setting("--host", "address to listen on")
+PORT = Setting("--port", "port to listen on", port)
+FLEET = Setting(
+    "--fleet",
+    "the fleet's name: its Redis keys' prefix, the same for every component",
+    fleet_name,
+)
+REDIS_DEADLINE = Setting("--redis-deadline", "", positive)
+REDIS_FAILOVER_WAIT = Setting("--redis-failover-wait", "", non_negative)
+ALLOWED_HOST = Setting("--allowed-host", "", kind="repeat", field="allowed_hosts")
+ALLOWED_ORIGIN = Setting("--allowed-origin", "", kind="repeat", field="allowed_origins")
+
+#: The limits per principal, which ``mcpfleet dev`` passes on to its replicas too.
+LIMIT_SETTINGS = (
+    Setting(
+        "--limit-sessions",
+        "handshake sessions one principal holds at once, fleet-wide; 0: no limit"
+        " (default {default})",
+        non_negative_int,
+        chart="server.limits.sessions",
+    ),
+    Setting(
+        "--limit-listen",
+        "subscriptions/listen streams one principal holds open at once, fleet-wide;"
+        " 0: no limit (default {default})",
+        non_negative_int,
+        chart="server.limits.listen",
+    ),
+    Setting(
+        "--limit-rounds",
+        "requests per second one principal sends (initialize included), fleet-wide;"
+        " 0: no limit (default {default:g})",
+        non_negative,
+        chart="server.limits.rounds.rate",
+    ),
+    Setting(
+        "--limit-burst",
+        "requests one principal may send at once past its rate (default {default})",
+        non_negative_int,
+        chart="server.limits.rounds.burst",
+    ),
+    Setting(
+        "--limit-tasks",
+        "MCP tasks one principal holds queued or running, fleet-wide; 0: no cap"
+        " (default {default})",
+        non_negative_int,
+        chart="server.limits.tasks.cap",
+    ),
+    Setting(
+        "--limit-tasks-running",
+        "tasks of one principal the fleet's workers run at once (the rest wait while"
+        " other principals' run); 0: no share (default {default})",
+        non_negative_int,
+        chart="server.limits.tasks.running",
+    ),
+    Setting(
+        "--limits-file",
+        "a JSON file of limits over these flags (per tool, per principal), read again"
+        " when it changes (a ConfigMap's key)",
+        Path,
+    ),
+    Setting(
+        "--trusted-hops",
+        "proxies in front of this replica (the router is one) whose X-Forwarded-For"
+        " entries name an unauthenticated client (default {default}: the peer)",
+        non_negative_int,
+    ),
+    Setting(
+        "--anonymous-principal",
+        "unauthenticated requests count per client address, or all as one principal"
+        " (default {default})",
+        choices=("address", "shared"),
+        chart="server.limits.anonymousPrincipal",
+    ),
+)
+
+#: ``mcpfleet serve``: one replica.
+REPLICA_FLAGS = Flags(
+    ReplicaConfig,
+    (
+        Setting("--app", "the FastMCP server, as module:attribute", chart="server.app"),
+        HOST,
+        PORT.said(PORT.help, chart="server.port"),
+        Setting(
+            "--keys", "key ring directory (a Secret volume)", Path, field="keys_dir", required=True
+        ),
+        RedisFlags("Redis for the registry (omit: standalone)"),
+        Setting("--name", "replica name (default: $POD_NAME or host-port)", env=POD_NAME_ENV),
+        Setting("--advertise", "URL other components reach this replica at", env=POD_IP_ENV),
+        FLEET,
+        Setting("--audience", "request-state audience (default: from --app)"),
+        Setting("--state-ttl", "token TTL, s", positive, chart="server.stateTTL"),
+        Setting(
+            "--drain-timeout",
+            "s a draining replica waits for its pinned sessions before it exits",
+            positive,
+            chart="server.drain.timeout",
+        ),
+        Setting(
+            "--drain-linger",
+            "s a draining replica stays up at least, so every router sees it draining",
+            float,
+            chart="server.drain.linger",
+        ),
+        Setting(
+            "--drain-handover",
+            "draining, hand idle sessions over to re-homing routers at once and wait only"
+            " for requests in flight (with routers run with --rehome-sessions)",
+            kind="switch",
+        ),
+        Setting(
+            "--no-session-rehome",
+            "routers may not re-open this app's sessions on another replica"
+            " (for an app that keeps state of its own in a session; default: they may)",
+            kind="off-switch",
+            field="session_rehome",
+            chart="server.sessionRehome",
+        ),
+        Setting(
+            "--session-idle",
+            "s an idle handshake session lives; must equal the router's --session-ttl",
+            positive,
+            chart="server.sessionIdle",
+        ),
+        Setting(
+            "--heartbeat",
+            "s between two attestations in Redis",
+            positive,
+            field="heartbeat_interval",
+        ),
+        Setting("--heartbeat-ttl", "s an attestation lives without a heartbeat", positive),
+        ALLOWED_HOST.said("a Host also accepted", chart="server.allowedHosts"),
+        ALLOWED_ORIGIN.said("an Origin accepted"),
+        REDIS_DEADLINE.said(
+            "s each Redis call of a once-flow may take (default {default})",
+            chart="server.redisDeadline",
+        ),
+        REDIS_FAILOVER_WAIT.said(
+            "s a once-flow's claim waits for a new master through Sentinel (default {default})",
+            chart="server.redisFailoverWait",
+        ),
+        Setting(
+            "--once-memory-limit",
+            "share of Redis maxmemory past which new once-flows are refused and the SSE"
+            " event store writes nothing; 0: no check (default {default})",
+            share,
+            chart="server.onceMemoryLimit",
+        ),
+        Setting(
+            "--response-mode",
+            "modern rounds: auto (JSON unless the request asked for progress or logs)"
+            " or sse (every round in SSE mode) (default {default})",
+            choices=("auto", "sse"),
+        ),
+        Setting(
+            "--tasks-redelivery",
+            "s after which a task whose worker died runs again on another replica"
+            " (apps with MCP tasks; default {default})",
+            positive,
+            chart="server.tasks.redelivery",
+        ),
+        Setting(
+            "--tasks-concurrency",
+            "tasks one replica runs at once (default {default})",
+            positive_int,
+            chart="server.tasks.concurrency",
+        ),
+        Setting(
+            "--tasks-deadline",
+            "s a task request may wait on Redis before its error (default {default})",
+            positive,
+            chart="server.tasks.deadline",
+        ),
+        Setting(
+            "--tasks-encrypt",
+            "encrypt stored task snapshots under keys derived from the key ring (--keys)",
+            kind="switch",
+            chart="server.tasks.encrypt",
+        ),
+        Setting(
+            "--listen-streams",
+            "subscriptions/listen streams this replica serves at once; more are refused"
+            " (default {default})",
+            positive_int,
+            chart="server.listenStreams",
+        ),
+        Setting(
+            "--sse-events",
+            "events kept per handshake SSE stream in Redis, so a cut stream resumes with"
+            " Last-Event-ID; 0: no event store, one Redis write less per event"
+            " (default {default})",
+            non_negative_int,
+            chart="server.sseEvents",
+        ),
+        Setting(
+            "--sse-ttl",
+            "s an SSE event stays resumable (default {default:g})",
+            positive,
+            chart="server.sseTtl",
+        ),
+        *LIMIT_SETTINGS,
+    ),
+)
+
+#: ``mcpfleet router``: the sticky router.
+ROUTER_FLAGS = Flags(
+    RouterConfig,
+    (
+        HOST,
+        PORT.said(PORT.help, chart="router.port"),
+        RedisFlags("Redis for the routing table", required=True),
+        FLEET,
+        Setting(
+            "--session-ttl",
+            "s an idle session's route lives; must equal the replicas' --session-idle",
+            positive,
+            chart="server.sessionIdle",
+        ),
+        Setting(
+            "--session-cap",
+            "max sessions per replica (default: no cap)",
+            int,
+            chart="router.sessionCap",
+            chart_differs="the chart caps each replica at 1000 sessions; a router run by hand has"
+            " no cap",
+        ),
+        Setting(
+            "--refresh-interval",
+            "s between reads of the replica registry; a refused connection reads it"
+            " at once (default {default})",
+            positive,
+        ),
+        REDIS_DEADLINE.said(
+            "s each Redis call on a request's path may take (default {default})",
+            chart="router.redisDeadline",
+        ),
+        REDIS_FAILOVER_WAIT.said(
+            "s a session lookup the cache cannot answer waits for a new master through"
+            " Sentinel (default {default})",
+            chart="router.redisFailoverWait",
+        ),
+        Setting(
+            "--graceful-timeout",
+            "s requests and streams in flight may finish after SIGTERM (default {default})",
+            positive_int,
+            chart="router.gracefulTimeout",
+            chart_differs="the chart gives requests and streams in flight 10 s, counted in"
+            " the Pod's terminationGracePeriodSeconds",
+        ),
+        Setting(
+            "--drain-linger",
+            "s after SIGTERM the router still serves, answering Connection: close,"
+            " before its graceful shutdown (default {default})",
+            non_negative,
+            chart="router.drainLinger",
+        ),
+        Setting(
+            "--rehome-sessions",
+            "re-open an idle handshake session on a live replica when its own is gone,"
+            " keeping its Mcp-Session-Id (docs/rehome.md; default off)",
+            kind="switch",
+            chart="router.rehomeSessions",
+        ),
+        Setting(
+            "--rehome-timeout",
+            "s a re-home may take, then 503 with Retry-After (default {default})",
+            positive,
+        ),
+        Setting("--max-body-bytes", "largest request body read; past it, 413", int),
+        Setting(
+            "--max-header-bytes",
+            "largest request header block, counted as it arrives; past it, 431",
+            int,
+        ),
+        Setting(
+            "--header-timeout",
+            "s a client has to send its request line and headers; past it, 408",
+            positive,
+        ),
+        Setting(
+            "--body-timeout", "s a client has to send its request body; past it, 408", positive
+        ),
+        Setting(
+            "--max-connections",
+            "open client connections at once; past it, a JSON-RPC 503 at once (default {default})",
+            positive_int,
+        ),
+        Setting(
+            "--redis-pool-size",
+            "Redis connections the router opens at most (default {default})",
+            positive_int,
+            chart="router.redisPoolSize",
+        ),
+        Setting(
+            "--redis-pool-wait",
+            "s a lookup waits for a free Redis connection, then 503 'Router busy'"
+            " (default {default})",
+            positive,
+            chart="router.redisPoolWait",
+        ),
+        Setting(
+            "--unknown-session-ttl",
+            "s an id Redis does not know is answered 404 without asking again (default {default})",
+            non_negative,
+            chart="router.unknownSessionTTL",
+        ),
+        ALLOWED_HOST.said(
+            "a Host the fleet answers (repeatable; name:* for any port);"
+            " default: loopback names when bound to loopback, else any",
+            chart="router.allowedHosts",
+        ),
+        ALLOWED_ORIGIN.said(
+            "a browser Origin allowed (repeatable; scheme://name:* for any port);"
+            " default: loopback origins when bound to loopback, else none",
+            chart="router.allowedOrigins",
+        ),
+    ),
+)
+
+#: Each process's flags, by its command.
+SETTINGS: dict[str, Flags] = {"serve": REPLICA_FLAGS, "router": ROUTER_FLAGS}

@@ -1,8 +1,9 @@
 """The docs agree with the code and with each other.
 
 - A default a page states for a flag (in a table with a ``default`` column, or as
-  "`--flag` (default X)" in its prose) is the default ``mcpfleet --help`` shows,
-  read from the parsers, which take theirs from the config dataclasses.
+  "`--flag` (default X)" in its prose) is the flag's declared default: for
+  ``serve`` and ``router``, their tables' (mcpfleet.config.SETTINGS, defaults from
+  the config dataclasses); for the other subcommands, their parsers'.
 - A figure stated on several pages has one source, and every other page states the
   source's value: the conformance count (``tests/conformance/expected.json``), the
   Redis bytes of a session's route (docs/sizing.md's ``make bench-scale`` row), the
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from mcpfleet import cli
+from mcpfleet.config import SETTINGS
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +42,11 @@ UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "min": 60.0, "KiB": 1024.0, "MiB": 1024
 
 
 def _flag_defaults() -> dict[str, dict[str, object]]:
-    """Every subcommand's flags and their defaults: {flag: {command: default}}."""
+    """Every subcommand's flags and their defaults: {flag: {command: default}}.
+
+    ``serve``'s and ``router``'s come from their tables (mcpfleet.config.SETTINGS,
+    the one source); the other subcommands' (and the Redis flags') from the parsers.
+    """
     parser = cli.build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     out: dict[str, dict[str, object]] = {}
@@ -48,6 +54,9 @@ def _flag_defaults() -> dict[str, dict[str, object]]:
         for action in subparser._actions:
             for flag in action.option_strings:
                 out.setdefault(flag, {})[command] = action.default
+    for command, flags in SETTINGS.items():
+        for flag, default in flags.defaults().items():
+            out[flag][command] = default
     return out
 
 
@@ -94,6 +103,8 @@ def _table_claims(page: Path) -> list[tuple[str, str | None, str, str]]:
         flagged = [c for c in others if FLAG.search(c) and not c.startswith("(")]
         if not flagged or not _numbers(stated):
             continue
+        if stated.startswith("`"):
+            continue  # a word or an address (`auto`, `127.0.0.1`), no number
         flags = FLAG.findall(flagged[0])
         command = COMMAND.search(flagged[0]) or COMMAND.search(" ".join(header))
         where = f"{page.name}:{n}"

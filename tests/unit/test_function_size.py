@@ -24,8 +24,6 @@ LIMIT = 60
 #: past the limit, with why it stays whole.
 EXCEPTIONS: dict[tuple[str, str], str] = {
     # Declarative flag tables: one ``add_argument`` per flag, in --help's order.
-    ("server/mcpfleet/commands/serve.py", "add_parsers"): "the flag table of `mcpfleet serve`",
-    ("server/mcpfleet/commands/router.py", "add_parsers"): "the flag table of `mcpfleet router`",
     ("operator/mcpfleet_operator/cli.py", "add_parsers"): "the flag table of the operator",
     # Metric declarations: one metric (name, help, labels, buckets) per statement.
     ("server/mcpfleet/replica/metrics.py", "ReplicaMetrics.__init__"): "the replica's metrics",

@@ -5,9 +5,11 @@ A command module has ``COMMANDS`` (the subcommand names it adds),
 exit status). The built-in ones are :data:`BUILTIN`; an installed package
 adds its own through the ``mcpfleet.commands`` entry-point group in the same
 shape (the operator's ``operator`` and ``rotate``), so :mod:`mcpfleet.cli`
-treats every subcommand alike. Also here: what the modules share (the flag
-types, :class:`UsageError`, and :func:`config_from_args`, the one way a
-config is built from flags); the Redis flags are
+treats every subcommand alike. Also here: what the modules share
+(:func:`add_flags`, which makes a process's flags from its table in
+:data:`mcpfleet.config.SETTINGS`, :class:`UsageError`, and
+:func:`config_from_args`, the one way a config is built from flags); the
+flag types are :mod:`mcpfleet.config`'s, reached here too; the Redis flags are
 :mod:`mcpfleet.commands.redisflags`'s, which the operator's command uses too.
 """
 
@@ -19,8 +21,37 @@ from typing import Any, TypeVar
 
 from mcpfleet import redisconn
 from mcpfleet.commands import redisflags
-from mcpfleet.contract import check_fleet_name
+from mcpfleet.config import (
+    Flags,
+    RedisFlags,
+    Setting,
+    fleet_name,
+    non_negative,
+    non_negative_int,
+    port,
+    positive,
+    positive_int,
+    share,
+)
 from mcpfleet.redisconn import RedisFiles, RedisSettings
+
+# The flag types are config's (its tables name them); they are reached here too.
+__all__ = [
+    "BUILTIN",
+    "UsageError",
+    "add_flags",
+    "add_setting",
+    "config_from_args",
+    "fleet_name",
+    "non_negative",
+    "non_negative_int",
+    "port",
+    "positive",
+    "positive_int",
+    "redis_fields",
+    "redis_settings",
+    "share",
+]
 
 #: The built-in command modules, in the order ``mcpfleet --help`` lists them.
 BUILTIN = (
@@ -39,69 +70,35 @@ class UsageError(Exception):
     """A problem the user can fix; printed as one line, exit status 2."""
 
 
-def positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def add_flags(parser: argparse.ArgumentParser, flags: Flags) -> None:
+    """A process's flags (:data:`mcpfleet.config.SETTINGS`) on its parser, in the table's order."""
+    for row in flags.rows:
+        if isinstance(row, RedisFlags):
+            redisflags.add_flags(parser, url_help=row.url_help, required=row.required)
+        else:
+            add_setting(parser, row, row.default_in(flags.config))
 
 
-def non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"not a port: {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
-
-
-def fleet_name(text: str) -> str:
-    try:
-        return check_fleet_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def add_listen_flags(parser: argparse.ArgumentParser, config: Any) -> None:
-    """``--host`` and ``--port`` of a process, their defaults from its ``config`` class."""
-    parser.add_argument("--host", default=config.host, help="address to listen on")
-    parser.add_argument("--port", type=port, default=config.port, help="port to listen on")
-
-
-def add_fleet_flag(parser: argparse.ArgumentParser, default: str) -> None:
-    """``--fleet``: the same for every component of a fleet."""
-    parser.add_argument(
-        "--fleet",
-        type=fleet_name,
-        default=default,
-        help="the fleet's name: its Redis keys' prefix, the same for every component",
-    )
+def add_setting(parser: argparse.ArgumentParser, setting: Setting, default: Any) -> argparse.Action:
+    """One flag of a table, its value in the Namespace attribute named by its config field."""
+    given: dict[str, Any] = {"help": setting.help_line(default)}
+    if setting.dest != setting.name:
+        given["dest"] = setting.dest
+    if setting.kind == "switch":
+        return parser.add_argument(setting.flag, action="store_true", default=default, **given)
+    if setting.kind == "off-switch":
+        return parser.add_argument(setting.flag, action="store_false", default=default, **given)
+    if setting.dest != setting.name:
+        given["metavar"] = setting.name.upper()
+    if setting.kind == "repeat":
+        return parser.add_argument(setting.flag, action="append", default=list(default), **given)
+    if setting.type is not None:
+        given["type"] = setting.type
+    if setting.choices is not None:
+        given["choices"] = setting.choices
+    if setting.required:
+        return parser.add_argument(setting.flag, required=True, **given)
+    return parser.add_argument(setting.flag, default=default, **given)
 
 
 def redis_settings(args: argparse.Namespace) -> RedisSettings | None:

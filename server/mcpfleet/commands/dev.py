@@ -1,10 +1,10 @@
 """``mcpfleet dev``: a whole fleet on 127.0.0.1 (Redis, replicas, a router) until Ctrl-C.
 
-The replicas' limits per principal are ``mcpfleet serve``'s own flags
-(:mod:`mcpfleet.commands.limitflags`), declared once there: ``dev`` takes every
-flag that module declares and hands the ones given on its command line to each
-replica as they were given, so a limit flag added there reaches ``dev`` with no
-change here.
+The replicas' limits per principal are ``mcpfleet serve``'s own flags, declared
+once in :data:`mcpfleet.config.LIMIT_SETTINGS` and added by
+:mod:`mcpfleet.commands.limitflags`: ``dev`` takes every flag that module adds
+and hands the ones given on its command line to each replica as they were
+given, so a limit flag declared there reaches ``dev`` with no change here.
 """
 
 from __future__ import annotations
