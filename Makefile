@@ -88,7 +88,7 @@ run: venv ## a local fleet: Redis, 3 replicas, a router and Prometheus (mcpfleet
 lint: venv ## ruff, ruff format --check, hadolint, and the import contracts (lint-imports)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile deploy/own-app/Dockerfile
+	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile hack/image/keda.Dockerfile hack/image/prometheus.Dockerfile deploy/own-app/Dockerfile
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
@@ -104,7 +104,9 @@ typecheck: venv ## mypy --strict over both packages
 E2E_PROVIDER ?= kind
 # On kind the tier also serves an app with MCP tasks from the tasks image
 # (make image-tasks; tests/e2e/test_tasks_node_lost.py).
-NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),image-tasks kind-image))
+# And the autoscaling module (tests/e2e/test_autoscaling.py) runs KEDA, built here
+# from its pin, and a Prometheus (make autoscaling-images).
+NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),image-tasks autoscaling-images kind-image))
 
 # Cheapest first, each stage stopping the run at its first failure: lint, mypy
 # and the unit, packaging and rig tiers need nothing built or started, so they
@@ -237,6 +239,9 @@ node-load: venv ## an image of yours into the running local node (IMAGE=<name>)
 # else podman (root). kind-image prints "kind node image: <name>"; kind-up loads
 # the project's images and prints "export KUBECONFIG=<path>"; kind-down leaves
 # nothing (containers, network, volumes, iptables chains, mounts).
+autoscaling-images: ## KEDA's image (built from the pin in hack/tools/keda) and a Prometheus's, for the autoscaling e2e module
+	bash hack/image/autoscaling.sh
+
 kind-image: ## the kind node image, built here from the pins with no registry
 	bash hack/ensure-debs.sh kind node
 	bash hack/kind/node-image.sh

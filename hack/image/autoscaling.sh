@@ -58,9 +58,17 @@ else
 	buildah build --format docker --layers --network host \
 		--build-arg "BASE=$base" --build-arg "VERSION=$version" \
 		-t "$prom_image" -f hack/image/prometheus.Dockerfile hack/image >&2
-	rm -f "$keda_archive" "$prom_archive"
-	buildah push --quiet "$keda_image" "docker-archive:$keda_archive:$keda_image" >/dev/null
-	buildah push --quiet "$prom_image" "docker-archive:$prom_archive:$prom_image" >/dev/null
+	# An archive is written again only when its image changed (each is hundreds of MB).
+	for pair in "$keda_image|$keda_archive" "$prom_image|$prom_archive"; do
+		IFS='|' read -r image archive <<<"$pair"
+		id="$(buildah inspect --type image -f '{{.FromImageID}}' "$image")"
+		if [[ -f "$archive" && "$(cat "$archive.id" 2>/dev/null)" == "$id" ]]; then
+			continue
+		fi
+		rm -f "$archive" "$archive.id"
+		buildah push --quiet "$image" "docker-archive:$archive:$image" >/dev/null
+		echo "$id" >"$archive.id"
+	done
 fi
 log "built in $((SECONDS - start))s: $keda_archive ($(du -h "$keda_archive" | cut -f1)), $prom_archive ($(du -h "$prom_archive" | cut -f1))"
 echo "$keda_archive"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client as k8s
 
 from fleetkit.cluster.chartkit import module_dir
 from fleetkit.cluster.controlplane import repo_root, tools_bin_dir, wait_for
@@ -319,5 +320,12 @@ def _load(cluster: Cluster, archives: Iterable[Path]) -> None:
         raise RuntimeError(f"the autoscaling tier runs on kind, not on {cluster.provider}")
     from fleetkit.cluster import kind
 
+    # Into the workers only: the control-plane node is tainted, nothing of these runs there.
+    workers = [
+        n.metadata.name
+        for n in k8s.CoreV1Api(cluster.api)
+        .list_node(label_selector="!node-role.kubernetes.io/control-plane")
+        .items
+    ]
     for archive in archives:
-        kind.load_archive(cluster.kind_name, archive)
+        kind.load_archive(cluster.kind_name, archive, workers)
