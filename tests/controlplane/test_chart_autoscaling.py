@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from fleetkit.cluster import chartkit
+from fleetkit.cluster.chartfleet import merge
 from fleetkit.cluster.controlplane import repo_root
 from fleetkit.cluster.helm import Helm, HelmError
 from mcpfleet_operator.cli import cost_policy
@@ -174,6 +175,8 @@ def test_the_issues_targets_are_exactly_the_scaledobjects_per_replica_targets(
                     "roundsInFlight": 40,
                     "listenStreamsFraction": 0,
                     "tasksRunningFraction": 0,
+                    "tasksQueuedPerReplica": 0,
+                    "refusedInitializePerSecond": 0,
                     "cpu": False,
                 },
             }
@@ -207,14 +210,79 @@ def test_every_signal_by_default_and_cpu_too(helm: Helm, tmp_path: Path) -> None
         "rounds-in-flight": "40",
         "listen-streams": "716.8",
         "tasks-running": "7",
+        "tasks-queued": "5",
+        "initialize-refused": "0.1",
         "cpu": None,
     }
     assert triggers["cpu"]["metadata"] == {"value": "70"}
+    # Fleet-wide: the queue's depth is the same on every replica (its max, per replica);
+    # the routers' refusals grow the replicas in proportion (a Value target).
+    queued, refused = triggers["tasks-queued"], triggers["initialize-refused"]
+    assert queued["metricType"] == "AverageValue"
+    assert queued["metadata"]["query"] == (
+        'max(mcpfleet_tasks_queue_depth{namespace="mcpfleet",job="mcpfleet-server"})'
+    )
+    assert refused["metricType"] == "Value"
+    assert refused["metadata"]["query"] == (
+        'sum(rate(mcpfleet_router_requests_total{namespace="mcpfleet",job="mcpfleet-router",'
+        'route="initialize",outcome="no_replica"}[1m]))'
+    )
+
+
+@pytest.mark.parametrize(
+    ("drain", "period"),
+    [({}, 60), ({"timeout": 120}, 143)],
+    ids=["default-drain", "long-drain"],
+)
+def test_the_default_scale_down_removes_one_replica_per_drain(
+    helm: Helm, tmp_path: Path, drain: dict[str, int], period: int
+) -> None:
+    """One replica at a time, each after the last one's grace period (preStop + drain
+    timeout + linger + 5) and 15 s more, at least a minute; after 5 minutes below target."""
+    values = merge(MCP_ON, {"server": {"drain": drain}})
+    so = _scaled_object(_render_with(helm, values, tmp_path, *KEDA))
+    behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == {
+        "scaleDown": {
+            "stabilizationWindowSeconds": 300,
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": period}],
+        }
+    }
+
+
+ROUTER_MCP = {"router": {"autoscaling": {"enabled": True, "mcp": {"enabled": True}}}}
+
+
+@pytest.mark.parametrize(
+    ("values", "args", "expected"),
+    [
+        ({"router": {"autoscaling": {"enabled": True}}}, KEDA, {"HorizontalPodAutoscaler"}),
+        (ROUTER_MCP, KEDA, {"ScaledObject"}),
+        (ROUTER_MCP, (), {"HorizontalPodAutoscaler"}),
+        (merge(ROUTER_MCP, {"router": {"enabled": False}}), KEDA, set()),
+    ],
+    ids=["cpu", "mcp", "mcp-without-keda", "no-router"],
+)
+def test_the_routers_scale_on_their_requests_in_flight_through_keda(
+    helm: Helm, tmp_path: Path, values: dict[str, Any], args: tuple[str, ...], expected: set[str]
+) -> None:
+    docs = _render_with(helm, values, tmp_path, *args)
+    kinds = {d["kind"] for d in docs if d["metadata"]["name"] == "mcpfleet-router"}
+    assert kinds & {"HorizontalPodAutoscaler", "ScaledObject"} == expected
+    if expected == {"ScaledObject"}:
+        (so,) = [d for d in docs if d["kind"] == "ScaledObject"]
+        triggers = {t["name"]: t for t in so["spec"]["triggers"]}
+        assert set(triggers) == {"requests-in-flight", "cpu"}
+        assert triggers["requests-in-flight"]["metadata"]["query"] == (
+            'sum(mcpfleet_router_requests_in_flight{namespace="mcpfleet",job="mcpfleet-router"})'
+        )
+        assert triggers["requests-in-flight"]["metadata"]["threshold"] == "200"
 
 
 def test_a_scaledobject_with_nothing_to_scale_on_is_refused(helm: Helm, tmp_path: Path) -> None:
     nothing = {"sessionCapFraction": 0, "roundsInFlight": 0, "listenStreamsFraction": 0}
-    nothing |= {"tasksRunningFraction": 0, "cpu": False, "enabled": True}
+    nothing |= {"tasksRunningFraction": 0, "tasksQueuedPerReplica": 0}
+    nothing |= {"refusedInitializePerSecond": 0, "cpu": False, "enabled": True}
     values = {"server": {"autoscaling": {"enabled": True, "mcp": nothing}}}
     with pytest.raises(HelmError, match="nothing to scale on"):
         _render_with(helm, values, tmp_path, *KEDA)
@@ -226,8 +294,11 @@ def test_the_scaledobject_is_valid_against_kedas_own_crd(helm: Helm, tmp_path: P
     crd = yaml.safe_load((keda / "config/crd/bases/keda.sh_scaledobjects.yaml").read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     schema = chartkit._strict(version["schema"]["openAPIV3Schema"])
-    so = _scaled_object(_render_with(helm, MCP_ON, tmp_path, *KEDA))
-    jsonschema.validate(so, schema)
+    docs = _render_with(helm, merge(MCP_ON, ROUTER_MCP), tmp_path, *KEDA)
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert len(scaled) == 2
+    for so in scaled:
+        jsonschema.validate(so, schema)
     so["spec"]["triggers"][0]["metricTyp"] = "AverageValue"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(so, schema)

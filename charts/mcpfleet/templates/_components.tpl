@@ -48,6 +48,72 @@ true
 {{- end }}
 {{- end }}
 
+{{/* The same for the routers (router.autoscaling.mcp). */}}
+{{- define "mcpfleet.router.keda" -}}
+{{- $as := .Values.router.autoscaling }}
+{{- if and .Values.router.enabled $as.enabled $as.mcp.enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") -}}
+true
+{{- end }}
+{{- end }}
+
+{{/*
+A KEDA ScaledObject over a component's Deployment (docs/autoscaling.md): one
+Prometheus trigger per signal (dicts of name, query, threshold and metricType:
+AverageValue keeps the query's value divided by the replicas under the threshold,
+Value grows the replicas in proportion to value / threshold), and a cpu trigger
+when .cpu. KEDA makes the HPA, named as the chart's own, with its bounds and the
+behavior given.
+*/}}
+{{- define "mcpfleet.scaledObject" -}}
+{{- $c := .component }}
+{{- $as := (index .ctx.Values $c).autoscaling }}
+{{- $name := printf "%s-%s" (include "mcpfleet.fullname" .ctx) $c }}
+{{- if and (not .signals) (not .cpu) }}
+{{- fail (printf "%s.autoscaling.mcp: every signal is 0 and cpu is off: nothing to scale on" $c) }}
+{{- end }}
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata:
+  name: {{ $name }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "mcpfleet.labels" (dict "ctx" .ctx "component" $c) | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ $name }}
+  minReplicaCount: {{ $as.minReplicas }}
+  maxReplicaCount: {{ $as.maxReplicas }}
+  pollingInterval: {{ .ctx.Values.server.autoscaling.mcp.pollingInterval }}
+  advanced:
+    horizontalPodAutoscalerConfig:
+      name: {{ $name }}
+      {{- with .behavior }}
+      behavior:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+  triggers:
+    {{- range .signals }}
+    - type: prometheus
+      name: {{ .name }}
+      metricType: {{ .metricType | default "AverageValue" }}
+      metadata:
+        serverAddress: {{ $.ctx.Values.server.autoscaling.mcp.prometheusAddress | quote }}
+        query: {{ .query | quote }}
+        threshold: {{ printf "%v" (round .threshold 3) | quote }}
+        # A series not exported yet (no replica up, an app without tasks) counts 0.
+        ignoreNullValues: "true"
+    {{- end }}
+    {{- if .cpu }}
+    - type: cpu
+      name: cpu
+      metricType: Utilization
+      metadata:
+        value: {{ $as.targetCPUUtilizationPercentage | quote }}
+    {{- end }}
+{{- end }}
+
 {{/* Refuses autoscaling.minReplicas above maxReplicas, naming the component. */}}
 {{- define "mcpfleet.hpaCheck" -}}
 {{- $as := (index .ctx.Values .component).autoscaling }}
