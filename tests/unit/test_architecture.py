@@ -58,7 +58,7 @@ BAD_IMPORTS = [
     ("server/mcpfleet/guard.py", "import kubernetes", "kubernetes-in-operator"),
     ("server/mcpfleet/dev/demo.py", "from kopf import on", "kubernetes-in-operator"),
     ("server/mcpfleet/once/_redis.py", "import redis", "redis-in-redisconn"),
-    ("server/mcpfleet/config.py", "import mcpfleet_operator.api", "server-without-operator"),
+    ("server/mcpfleet/config/_types.py", "import mcpfleet_operator.api", "server-without-operator"),
     ("operator/mcpfleet_operator/rotation.py", "import kopf", "operator-pure-core"),
     ("operator/mcpfleet_operator/api.py", "import mcpfleet_operator.status", "operator-layers"),
     (
