@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards flags-docs rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards flags-docs rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load autoscaling-images kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it.
@@ -216,7 +216,7 @@ test-node: venv deps tools node-deps image ## the node tier: a real kubelet, con
 
 # The e2e tier alone, on E2E_PROVIDER's cluster (the same variable and default as
 # make test: kind; E2E_PROVIDER=local puts it on this machine's node, root).
-test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image image-tasks kind-image) ## the e2e tier alone: the chart helm-installed on E2E_PROVIDER's cluster (kind, or local)
+test-e2e: venv deps tools $(if $(filter local,$(E2E_PROVIDER)),node-deps image,image image-tasks autoscaling-images kind-image) ## the e2e tier alone: the chart helm-installed on E2E_PROVIDER's cluster (kind, or local)
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER)
 
 # FLEET=3 [TOKEN_TTL=60]: also the operator, a KeyRing, 3 replicas and a router.

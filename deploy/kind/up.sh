@@ -10,7 +10,10 @@
 # mcpfleet; an existing cluster of that name is used as it is), NAMESPACE
 # (default mcpfleet), RELEASE (default mcpfleet), HELM (default helm, or
 # .cache/bin/helm when built), MONITORING=1 also installs kube-prometheus-stack
-# with deploy/kind/monitoring-values.yaml (fetched from its chart repository).
+# with deploy/kind/monitoring-values.yaml (fetched from its chart repository),
+# AUTOSCALING=1 also installs KEDA (built here from its pin) and, without
+# MONITORING=1, a Prometheus scraping the replicas, and scales the replicas on
+# their MCP signals (server.autoscaling.mcp, docs/autoscaling.md).
 #
 # The `export KUBECONFIG=...` line is printed as soon as the cluster exists,
 # before any step that can fail, so a failed install still leaves you the way
@@ -38,8 +41,19 @@ if [[ "${MONITORING:-0}" == 1 ]]; then
 		--namespace monitoring --create-namespace -f "$here/monitoring-values.yaml" --wait
 fi
 
+autoscaling=()
+if [[ "${AUTOSCALING:-0}" == 1 ]]; then
+	log "installing KEDA and the Prometheus its triggers read (make autoscaling-images)"
+	make -C "$root" --no-print-directory autoscaling-images >/dev/null
+	prometheus=()
+	[[ "${MONITORING:-0}" == 1 ]] && prometheus=(--no-prometheus)
+	PYTHONPATH="$root/hack/devkit" "$root/.venv/bin/python" -m fleetkit.cluster.autoscaler install \
+		--name "$cluster" --namespace "$namespace" --release "$release" "${prometheus[@]}"
+	autoscaling=(--set server.autoscaling.enabled=true --set server.autoscaling.mcp.enabled=true)
+fi
+
 log "installing the chart ($release in $namespace)"
-"$helm" upgrade --install "$release" "$root/charts/mcpfleet" --namespace "$namespace" --create-namespace \
+"$helm" upgrade --install "$release" "$root/charts/mcpfleet" --namespace "$namespace" --create-namespace "${autoscaling[@]}" \
 	--set image.repository=localhost/mcpfleet --set "image.tag=$version" --set image.pullPolicy=Never \
 	--set redis.image.repository=localhost/mcpfleet-redis --set "redis.image.tag=$version" \
 	--set redis.image.pullPolicy=Never --wait --timeout 10m
@@ -67,6 +81,9 @@ Rotate the keys:
   kubectl -n $namespace create -f $here/keyrotation.yaml
   kubectl -n $namespace get keyrotations -w
 MSG
+if [[ "${AUTOSCALING:-0}" == 1 ]]; then
+	echo "Watch it scale: kubectl -n $namespace get hpa,scaledobject -w  (docs/autoscaling.md)"
+fi
 if [[ "${MONITORING:-0}" == 1 ]]; then
 	echo "Grafana: kubectl -n monitoring port-forward svc/monitoring-grafana 3000:80  (admin / see monitoring-values.yaml)"
 fi

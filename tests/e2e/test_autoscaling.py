@@ -82,6 +82,8 @@ VALUES: dict[str, Any] = {
                 "roundsInFlight": 0,
                 "listenStreamsFraction": LISTEN_FRACTION,
                 "tasksRunningFraction": 0,
+                "tasksQueuedPerReplica": 0,
+                "refusedInitializePerSecond": 0,
                 "cpu": False,
                 "pollingInterval": POLLING,
             },

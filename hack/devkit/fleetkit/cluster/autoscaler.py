@@ -15,9 +15,10 @@ docs/autoscaling.md tells a user to, from what this repository builds:
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -329,3 +330,62 @@ def _load(cluster: Cluster, archives: Iterable[Path]) -> None:
     ]
     for archive in archives:
         kind.load_archive(cluster.kind_name, archive, workers)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fleetkit.cluster.autoscaler install|uninstall``: KEDA and the
+    Prometheus on the kind cluster ``make kind-up`` made (deploy/kind/up.sh with
+    AUTOSCALING=1 runs it)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fleetkit.cluster.autoscaler", description=main.__doc__
+    )
+    parser.add_argument("command", choices=["install", "uninstall"])
+    parser.add_argument("--name", default="mcpfleet", help="the kind cluster")
+    parser.add_argument("--namespace", default="mcpfleet", help="the release's namespace")
+    parser.add_argument(
+        "--release", default="mcpfleet", help="the release whose replicas to scrape"
+    )
+    parser.add_argument(
+        "--no-prometheus",
+        action="store_true",
+        help="KEDA only: a Prometheus of yours serves prometheus-operated.monitoring",
+    )
+    args = parser.parse_args(argv)
+    from kubernetes import config as k8s_config
+
+    from fleetkit.cluster import kind
+
+    kubeconfig = kind.state_dir(args.name) / "kubeconfig"
+    if not kubeconfig.exists():
+        parser.error(f"no kind cluster {args.name} (make kind-up KIND_CLUSTER={args.name})")
+    api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+    cluster = Cluster(
+        provider="kind",
+        kubeconfig=kubeconfig,
+        api=api,
+        values={},
+        reach=lambda ns, svc, port: (svc, port),
+        kind_name=args.name,
+    )
+    built = images()
+    if args.command == "install":
+        install_keda(cluster, built)
+        print(f"keda: {built.keda} serving external metrics")
+        if not args.no_prometheus:
+            fullname = args.release if "mcpfleet" in args.release else f"{args.release}-mcpfleet"
+            install_prometheus(cluster, built, [(args.namespace, fullname)])
+            print(
+                f"prometheus: {PROMETHEUS_SERVICE}.{PROMETHEUS_NAMESPACE}:9090"
+                f" scraping {fullname}-server"
+            )
+    else:
+        uninstall(cluster, built)
+        print("keda and prometheus: uninstalled")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
