@@ -104,9 +104,11 @@ typecheck: venv ## mypy --strict over both packages
 E2E_PROVIDER ?= kind
 # On kind the tier also serves an app with MCP tasks from the tasks image
 # (make image-tasks; tests/e2e/test_tasks_node_lost.py).
-# And the autoscaling module (tests/e2e/test_autoscaling.py) runs KEDA, built here
-# from its pin, and a Prometheus (make autoscaling-images).
-NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),image-tasks autoscaling-images kind-image))
+NODE_PREREQS := $(if $(filter 0,$(shell id -u)),node-deps image $(if $(filter kind,$(E2E_PROVIDER)),image-tasks kind-image))
+# And its autoscaling module (tests/e2e/test_autoscaling.py) runs KEDA, built here
+# from its pin, and a Prometheus (make autoscaling-images): make test starts KEDA's
+# build in the background before the process tiers and waits for it before the e2e tier.
+E2E_AUTOSCALING := $(if $(filter 0,$(shell id -u)),$(filter kind,$(E2E_PROVIDER)))
 
 # Cheapest first, each stage stopping the run at its first failure: lint, mypy
 # and the unit, packaging and rig tiers need nothing built or started, so they
@@ -120,9 +122,11 @@ CHEAP_TIERS := unit or packaging or rigs
 # so a run shows where its time went.
 DURATIONS ?= --durations=15 --durations-min=5
 test: venv lint typecheck test-unit test-latest venv-tasks deps bench-deps tools conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs, cheapest first: lint, typecheck, the unit tiers, the process tiers, control plane and node, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
+	$(if $(E2E_AUTOSCALING),bash hack/image/autoscaling.sh --prebuild)
 	$(PY) -m pytest tests --ignore=tests/e2e -m "not ($(CHEAP_TIERS) or controlplane or node)" $(DURATIONS)
 	$(PY) -m pytest tests --ignore=tests/e2e -m "(controlplane or node) and not ($(CHEAP_TIERS))" $(DURATIONS)
 	$(TASKS_VENV)/bin/python -m pytest tests -m tasks $(DURATIONS)
+	$(if $(E2E_AUTOSCALING),bash hack/image/autoscaling.sh)
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER) $(DURATIONS)
 
 test-unit: venv ## the unit, packaging and rig tiers (pytest -m "unit or packaging or rigs"): nothing to build or start

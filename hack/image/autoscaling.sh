@@ -6,6 +6,9 @@
 #                                           built from the pin in hack/tools/keda
 #   localhost/mcpfleet-prometheus:<tag>     Debian's prometheus (KEDA's triggers read it)
 #
+#   bash hack/image/autoscaling.sh             # both, and their archives
+#   bash hack/image/autoscaling.sh --prebuild  # only KEDA's binaries, in the background
+#
 # Each written as a docker-archive into .cache/image/ (what `kind load
 # image-archive` reads); the last two lines of output name the archives. KEDA's
 # binaries come from hack/tools/build.sh into .cache/bin (the Go build cache makes
@@ -26,8 +29,21 @@ bin="$root/.cache/bin"
 out="$root/.cache/image"
 mkdir -p "$out"
 
+# KEDA's binaries are built under a lock: `--prebuild` starts the build in the
+# background at nice 19 (make test does, before the process tiers, which leave
+# the cores idle most of the time: on a cold machine the build, over ten
+# minutes, then costs the run little) and returns; a build that follows waits
+# for it, then finds the binaries up to date.
+lock="$bin/.keda.lock"
+mkdir -p "$bin"
+if [[ "${1:-}" == --prebuild ]]; then
+	log "building KEDA $keda in the background (nice 19): $bin/.keda-build.log"
+	(flock 9 && nice -n 19 bash hack/tools/build.sh "$bin" keda-operator keda-adapter) \
+		9>"$lock" >"$bin/.keda-build.log" 2>&1 &
+	exit 0
+fi
 start=$SECONDS
-bash hack/tools/build.sh "$bin" keda-operator keda-adapter
+(flock 9 && bash hack/tools/build.sh "$bin" keda-operator keda-adapter) 9>"$lock"
 log "KEDA $keda binaries ready in $((SECONDS - start))s"
 
 # The build context of the KEDA image: only its two binaries (hard links, no copy).
