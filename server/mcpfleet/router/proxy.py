@@ -97,9 +97,9 @@ from mcpfleet.router.rehome import (
     OwnerGone,
     Rehomer,
     client_session_line,
-    split_route,
     swap_session,
 )
+from mcpfleet.router.route import SessionRoute
 from mcpfleet.router.table import (
     Health,
     LookupSource,
@@ -379,24 +379,24 @@ class Router:
         return await self._to_route(x, route)
 
     async def _to_route(
-        self, x: Exchange, route: str, rehomed: bool = False
+        self, x: Exchange, route: SessionRoute, rehomed: bool = False
     ) -> RequestOutcome | Failure:
         """Forward a session's request along its ``route``; an owner found gone is
         the :class:`~mcpfleet.router.rehome.Rehomer`'s (:meth:`_gone`).
         ``rehomed``: the route was just made; an owner gone again is a 503."""
         session = x.session
         assert session is not None  # (a sticky exchange's)
-        owner, upstream_session = split_route(route)
+        owner, upstream_id = route.owner, route.upstream_id
         address = await self.view.locate(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
             return await self._gone(x, route, OwnerGone.DEREGISTERED, rehomed)
         alias: tuple[bytes, bytes] | None = None
         forwarded = x
-        if upstream_session is not None:
+        if upstream_id is not None:
             # The owner knows the session by its own id; answers carry the client's.
-            forwarded = x.with_headers(swap_session(x.scope["headers"], session, upstream_session))
-            alias = (upstream_session.encode("latin-1"), session.encode("latin-1"))
+            forwarded = x.with_headers(swap_session(x.scope["headers"], session, upstream_id))
+            alias = (upstream_id.encode("latin-1"), session.encode("latin-1"))
         # Only a re-homing router reads the count (a session busy here is not moved).
         method: str = x.scope["method"]
         counted = self.config.rehome_sessions and method == "POST"
@@ -438,7 +438,7 @@ class Router:
         return outcome_of(outcome)
 
     async def _gone(
-        self, x: Exchange, route: str, cause: OwnerGone, rehomed: bool
+        self, x: Exchange, route: SessionRoute, cause: OwnerGone, rehomed: bool
     ) -> RequestOutcome | Failure:
         """The owner on ``route`` is gone: the 404, or, re-homing, on to the new route."""
         if tracing.ON:
@@ -591,11 +591,11 @@ class Router:
         counts on ``name`` and is routed to it (before the client has the answer). On
         any error the upstream response is closed."""
         try:
-            created = upstream.headers.get(SESSION_HEADER)
-            if created and valid_session_id(created):
+            session = upstream.headers.get(SESSION_HEADER)
+            if session and valid_session_id(session):
                 place.opened()
                 init = self.rehomer.init_record(upstream, x.body)
-                await self.sessions.record(created, name, init)
+                await self.sessions.record(session, SessionRoute(name), init)
         except BaseException:
             upstream.close()
             raise

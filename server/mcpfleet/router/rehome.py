@@ -5,9 +5,10 @@ router opens the session again on a live replica
 (:func:`~mcpfleet.router.reinit.reopen`: ``initialize`` with the parameters
 kept at the session's start and the current request's credentials, then
 ``notifications/initialized``), records the route as the new owner and the
-new owner's session id (:func:`join_route`), and forwards the request with
-the session id swapped (:func:`swap_session`); answers carry the client's id
-back. docs/rehome.md tells what a client sees, and what this does not cover.
+new owner's session id (a :class:`~mcpfleet.router.route.SessionRoute`), and
+forwards the request with the session id swapped (:func:`swap_session`);
+answers carry the client's id back. docs/rehome.md tells what a client sees,
+and what this does not cover.
 
 :class:`Rehomer` decides what becomes of a session whose owner is gone (the
 spec's 404, or the move) and keeps this router's books for it: the requests
@@ -24,7 +25,7 @@ import enum
 import json
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from starlette.types import Message, Scope, Send
 
@@ -49,6 +50,7 @@ from mcpfleet.router.reinit import (
     initialize_params,
     reopen,
 )
+from mcpfleet.router.route import SessionRoute
 from mcpfleet.router.table import Health, RedisDown, ReplicaView, SessionTable
 from mcpfleet.router.upstream import Failure, Upstream
 
@@ -87,18 +89,6 @@ class Lost(enum.StrEnum):
     DRAIN_DEADLINE = LOST_AT_DRAIN_DEADLINE
 
 
-def join_route(owner: str, upstream_session: str | None) -> str:
-    """A session's route as stored: the owner, and the owner's own session id when
-    it differs from the client's (a re-homed session)."""
-    return owner if upstream_session is None else f"{owner} {upstream_session}"
-
-
-def split_route(route: str) -> tuple[str, str | None]:
-    """The owner and the owner's session id (None: the client's own) of a route."""
-    owner, _, upstream_session = route.partition(" ")
-    return owner, (upstream_session or None)
-
-
 def answers_gone_work(body: bytes) -> bool:
     """Whether a POST body answers or cancels something the gone owner asked or ran:
     a JSON-RPC response (an elicitation's answer) or ``notifications/cancelled``.
@@ -135,6 +125,21 @@ def client_session_line(session: str) -> bytes:
 MOVE_POLL = 0.05
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One re-home this router leads, as its steps pass it on."""
+
+    #: The request that found the owner gone (its answer goes through ``x.send``).
+    x: Exchange
+    #: The client's session id (``x.session``).
+    session: str
+    #: The route whose owner is gone.
+    route: SessionRoute
+    cause: OwnerGone
+    #: What re-opens the session, once read from Redis.
+    record: InitRecord | None = None
+
+
 class Rehomer:
     """What becomes of a session whose owner is gone, and this router's books for it.
 
@@ -168,7 +173,7 @@ class Rehomer:
         #: re-homing: a session with one when its owner went is not re-homed.
         self._busy: dict[str, int] = {}
         #: Re-homes this router runs now, by session: the new route, or None.
-        self._moving: dict[str, asyncio.Future[str | None]] = {}
+        self._moving: dict[str, asyncio.Future[SessionRoute | None]] = {}
 
     # --- what the router keeps at a session's start ------------------------------------
 
@@ -221,14 +226,14 @@ class Rehomer:
     # --- the owner is gone -------------------------------------------------------------
 
     async def gone(
-        self, x: Exchange, route: str, cause: OwnerGone, rehomed: bool
-    ) -> str | RequestOutcome:
+        self, x: Exchange, route: SessionRoute, cause: OwnerGone, rehomed: bool
+    ) -> SessionRoute | RequestOutcome:
         """The owner on ``route`` of ``x``'s session is gone: the answer's outcome
         (the 404, a 503 to retry), or, re-homing, the session's new route, along
         which the caller forwards ``x``. ``rehomed``: ``route`` was just made."""
         session = x.session
         assert session is not None  # (a sticky exchange's)
-        owner = split_route(route)[0]
+        owner = route.owner
         method = x.scope["method"]
         rehoming = self.config.rehome_sessions
         if rehoming and cause is OwnerGone.DIED and method != "GET":
@@ -247,17 +252,16 @@ class Rehomer:
             return await self._lose(x.send, session, owner, Lost.IN_FLIGHT)
         if method == "POST" and answers_gone_work(x.body):
             return await self._lose(x.send, session, owner, Lost.ANSWER_ORPHANED)
-        return await self._move(x, session, route, cause)
+        return await self._move(Move(x, session, route, cause))
 
-    async def _move(
-        self, x: Exchange, session: str, route: str, cause: OwnerGone
-    ) -> str | RequestOutcome:
+    async def _move(self, move: Move) -> SessionRoute | RequestOutcome:
         """Re-home ``session``: its new route, or the outcome of the answer sent instead.
 
         Concurrent requests of the session on this router share one re-home;
         across routers, one claim in Redis lets one router move it while the
         others wait for the new route (each wait bounded by ``rehome_timeout``).
         """
+        x, session = move.x, move.session
         for _ in range(self.config.attempts):
             pending = self._moving.get(session)
             if pending is None:
@@ -273,24 +277,22 @@ class Rehomer:
         else:
             await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
             return RequestOutcome.UNAVAILABLE
-        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[SessionRoute | None] = asyncio.get_running_loop().create_future()
         self._moving[session] = future
-        result: str | RequestOutcome | None = None
+        result: SessionRoute | RequestOutcome | None = None
         try:
-            result = await self._lead(x, session, route, cause)
+            result = await self._lead(move)
             return result
         finally:
             del self._moving[session]
             # A route for the requests that wait on this move; None when it ended
-            # in an answer (a RequestOutcome is a str too): each tries its own.
+            # in an answer: each tries its own.
             future.set_result(None if isinstance(result, RequestOutcome) else result)
 
-    async def _lead(
-        self, x: Exchange, session: str, route: str, cause: OwnerGone
-    ) -> str | RequestOutcome:
-        """This router's move of ``session``: what Redis holds of it decides, then
+    async def _lead(self, move: Move) -> SessionRoute | RequestOutcome:
+        """This router's move of the session: what Redis holds of it decides, then
         the claim (another router's claim: wait for its move)."""
-        owner = split_route(route)[0]
+        x, session, route, owner = move.x, move.session, move.route, move.route.owner
         try:
             current_route, init_raw, lost_raw = await self.sessions.rehome_state(session)
         except RedisDown as exc:
@@ -312,27 +314,26 @@ class Rehomer:
         record = InitRecord.from_json(init_raw)
         if record is None:
             # Not re-homable (opened before the mode, the app opted out, too large).
-            return await self._owner_gone(x.send, session, owner, cause)
+            return await self._owner_gone(x.send, session, owner, move.cause)
         try:
             claimed = await self.sessions.claim_move(session, self.config.rehome_timeout)
         except RedisDown as exc:
             return await self._directory_down(x.send, exc)
         if not claimed:
             return await self._await_move(x.send, session, route)
-        return await self._claimed(x, session, owner, record, cause)
+        return await self._claimed(replace(move, record=record))
 
-    async def _claimed(
-        self, x: Exchange, session: str, owner: str, record: InitRecord, cause: OwnerGone
-    ) -> str | RequestOutcome:
+    async def _claimed(self, move: Move) -> SessionRoute | RequestOutcome:
         """The move, with the claim held: within ``rehome_timeout``; the claim
         released before any answer, or at the end of a move that failed."""
+        x = move.x
         released = False
 
         async def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                await self.sessions.release_move(session)
+                await self.sessions.release_move(move.session)
 
         async def send_released(message: Message) -> None:
             # The claim goes before any answer: the client's next request must
@@ -344,13 +345,11 @@ class Rehomer:
         moved = False
         try:
             async with asyncio.timeout(self.config.rehome_timeout):
-                result = await self._reopen(
-                    replace(x, send=send_released), session, owner, record, cause
-                )
+                result = await self._reopen(replace(move, x=replace(x, send=send_released)))
             moved = not isinstance(result, RequestOutcome)  # the move released the claim
             return result
         except TimeoutError:
-            log.warning("re-home of a session of %s timed out", owner)
+            log.warning("re-home of a session of %s timed out", move.route.owner)
             await retry_later(
                 send_released, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
             )
@@ -359,7 +358,9 @@ class Rehomer:
             if not moved:
                 await release()
 
-    async def _await_move(self, send: Send, session: str, route: str) -> str | RequestOutcome:
+    async def _await_move(
+        self, send: Send, session: str, route: SessionRoute
+    ) -> SessionRoute | RequestOutcome:
         """Another router holds the session's move: its new route once written
         (read every :data:`MOVE_POLL` s, for at most ``rehome_timeout``), else a
         503 to retry."""
@@ -380,11 +381,11 @@ class Rehomer:
         await retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
         return RequestOutcome.UNAVAILABLE
 
-    async def _reopen(
-        self, x: Exchange, session: str, owner: str, record: InitRecord, cause: OwnerGone
-    ) -> str | RequestOutcome:
+    async def _reopen(self, move: Move) -> SessionRoute | RequestOutcome:
         """Open the session again on a live replica (the claim is held): its new route."""
-        tried = {owner}
+        x, record = move.x, move.record
+        assert record is not None  # (read before the claim)
+        tried = {move.route.owner}
         for _ in range(self.config.attempts):
             choice = place_session(self.view.serving(exclude=tried), self.config.session_cap)
             if choice is None:
@@ -398,7 +399,7 @@ class Rehomer:
                     reopened = await reopen(
                         self.upstream.pool, replica.address, x.scope["headers"], record
                     )
-                    if reopened.session is not None:
+                    if reopened.upstream_id is not None:
                         place.opened()
             except ConnectFailed:
                 if await self.view.after_refusal(replica.name, replica.address):
@@ -410,22 +411,17 @@ class Rehomer:
                 continue
             if reopened.status == 503:
                 continue  # draining, or at its session limit: another replica
-            return await self._adopt(x, session, owner, record, cause, replica, reopened)
+            return await self._adopt(move, replica, reopened)
         await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "No serving replica")
         return RequestOutcome.NO_REPLICA
 
     async def _adopt(
-        self,
-        x: Exchange,
-        session: str,
-        owner: str,
-        record: InitRecord,
-        cause: OwnerGone,
-        replica: Attestation,
-        reopened: Reopened,
-    ) -> str | RequestOutcome:
+        self, move: Move, replica: Attestation, reopened: Reopened
+    ) -> SessionRoute | RequestOutcome:
         """``replica`` answered the re-home's ``initialize`` (not a 503): the
         session's new route there, or the answer that says why not."""
+        x, session, owner, cause = move.x, move.session, move.route.owner, move.cause
+        assert move.record is not None  # (read before the claim)
         if reopened.status in (401, 403):
             # The current credential does not open sessions: the client hears why.
             extra = [
@@ -435,12 +431,12 @@ class Rehomer:
             ]
             await send_whole(x.send, reopened.status, reopened.body, headers=extra)
             return RequestOutcome.CLIENT_ERROR
-        if reopened.session is None:
+        if reopened.upstream_id is None:
             return await self._lose(x.send, session, owner, Lost.REFUSED)
-        if not reopened.allowed or reopened.principal != record.principal:
+        if not reopened.allowed or reopened.principal != move.record.principal:
             # Another principal's credential (or an app that no longer allows
             # it): the same 404 as an unknown session; the original is untouched.
-            await self._close_quietly(replica.address, x.scope, reopened.session)
+            await self._close_quietly(replica.address, x.scope, reopened.upstream_id)
             if not reopened.allowed:
                 return await self._owner_gone(x.send, session, owner, cause)
             log.info("re-home refused: the credential is not the session owner's")
@@ -449,28 +445,28 @@ class Rehomer:
         try:
             lost = await self.sessions.lost(session)
             if lost is None:
-                new_route = join_route(replica.name, reopened.session)
+                new_route = SessionRoute(replica.name, reopened.upstream_id)
                 await self.sessions.move(session, new_route)
         except RedisDown as exc:
             self.health.fail(exc)
-            await self._close_quietly(replica.address, x.scope, reopened.session)
+            await self._close_quietly(replica.address, x.scope, reopened.upstream_id)
             await retry_later(
                 x.send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
             )
             return RequestOutcome.UNAVAILABLE
         if lost is not None:
             # A router marked it lost while this one re-opened it.
-            await self._close_quietly(replica.address, x.scope, reopened.session)
+            await self._close_quietly(replica.address, x.scope, reopened.upstream_id)
             return await self._lose(x.send, session, owner, Lost.REQUEST_BROKE)
         self.metrics.rehomed.labels(cause).inc()
         log.info("session of %s re-homed on %s (%s)", owner, replica.name, cause)
         return new_route
 
-    async def _close_quietly(self, address: str, scope: Scope, upstream_session: str) -> None:
+    async def _close_quietly(self, address: str, scope: Scope, upstream_id: str) -> None:
         """DELETE a session the router opened and will not use; failures only logged."""
         try:
             async with asyncio.timeout(self.config.connect_timeout + 1.0):
-                await close_session(self.upstream.pool, address, scope["headers"], upstream_session)
+                await close_session(self.upstream.pool, address, scope["headers"], upstream_id)
         except (ConnectFailed, Broken, TimeoutError) as exc:
             log.info("unused re-home session not closed: %s", type(exc).__name__)
 

@@ -43,6 +43,7 @@ from mcpfleet.redisconn import (
 )
 from mcpfleet.registry import read_replicas
 from mcpfleet.router.decisions import Candidate
+from mcpfleet.router.route import SessionRoute
 
 log = logging.getLogger("mcpfleet.router")
 
@@ -407,12 +408,12 @@ class SessionTable:
         self.cache_size = cache_size
         self.negative_ttl = negative_ttl
         self.negative_size = negative_size
-        self._cache: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[SessionRoute, float]] = OrderedDict()
         #: Ids Redis said it does not know, and when (monotonic): a burst of
         #: repeated unknown ids costs one lookup each per ``negative_ttl``.
         #: Session ids are random: no live session was ever one of these.
         self._unknown: OrderedDict[str, float] = OrderedDict()
-        self._unsaved: dict[str, str] = {}
+        self._unsaved: dict[str, SessionRoute] = {}
         #: Lookups waiting for the next ``MGET``, by session id.
         self._pending: dict[str, list[asyncio.Future[bytes | str | None]]] = {}
         self._flush_soon = False
@@ -420,26 +421,26 @@ class SessionTable:
         #: Whether sessions have ``init`` records to keep alive and drop (re-homing on).
         self.rehome = False
 
-    def _remember(self, session: str, owner: str, touched: float) -> None:
-        self._cache[session] = (owner, touched)
+    def _remember(self, session: str, route: SessionRoute, touched: float) -> None:
+        self._cache[session] = (route, touched)
         self._cache.move_to_end(session)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def cached(self, session: str) -> str | None:
+    def cached(self, session: str) -> SessionRoute | None:
         hit = self._cache.get(session)
         return hit[0] if hit else None
 
-    async def lookup(self, session: str) -> tuple[str | None, LookupSource]:
-        """The owner of ``session`` and where it came from (:class:`LookupSource`)."""
+    async def lookup(self, session: str) -> tuple[SessionRoute | None, LookupSource]:
+        """The route of ``session`` and where it came from (:class:`LookupSource`)."""
         hit = self._cache.get(session)
         if hit is not None:
-            owner, touched = hit
+            route, touched = hit
             now = time.monotonic()
             if now - touched > self.ttl / 4:
-                self._remember(session, owner, now)
+                self._remember(session, route, now)
                 self._spawn(self._touch(session))
-            return owner, LookupSource.CACHE
+            return route, LookupSource.CACHE
         missed = self._unknown.get(session)
         if missed is not None and time.monotonic() - missed < self.negative_ttl:
             return None, LookupSource.MISS_CACHED
@@ -453,9 +454,9 @@ class SessionTable:
         if raw is None:
             self._note_unknown(session)
             return None, LookupSource.MISS
-        owner = raw.decode() if isinstance(raw, bytes) else str(raw)
-        self._remember(session, owner, time.monotonic())
-        return owner, LookupSource.REDIS
+        route = SessionRoute.from_redis(raw)
+        self._remember(session, route, time.monotonic())
+        return route, LookupSource.REDIS
 
     async def _get(self, session: str) -> bytes | str | None:
         """``GET`` of one session's route, batched: every lookup that misses the
@@ -516,29 +517,30 @@ class SessionTable:
         """Sessions opened while Redis (or this router's pool) could not take them."""
         return bool(self._unsaved)
 
-    async def record(self, session: str, owner: str, init: str | None = None) -> None:
-        """Remember a new session's owner (and its ``init`` record, to re-home it);
+    async def record(self, session: str, route: SessionRoute, init: str | None = None) -> None:
+        """Remember a new session's route (and its ``init`` record, to re-home it);
         written to Redis before the client hears of it, in one round trip."""
-        self._remember(session, owner, time.monotonic())
+        self._remember(session, route, time.monotonic())
         self._unknown.pop(session, None)
         px = int(self.ttl * 1000)
+        stored = route.to_redis()
         try:
             if init is None:
                 await within(
-                    self.deadline, self.client.set(self.keys.session(session), owner, px=px)
+                    self.deadline, self.client.set(self.keys.session(session), stored, px=px)
                 )
             else:
                 pipe = self.client.pipeline(transaction=False)
-                pipe.set(self.keys.session(session), owner, px=px)
+                pipe.set(self.keys.session(session), stored, px=px)
                 pipe.set(self.keys.session_init(session), init, px=px)
                 await within(self.deadline, pipe.execute())
         except RedisDown as exc:
             self.health.fail(exc)
-            self._unsaved[session] = owner
+            self._unsaved[session] = route
 
     async def rehome_state(
         self, session: str
-    ) -> tuple[str | None, bytes | str | None, bytes | str | None]:
+    ) -> tuple[SessionRoute | None, bytes | str | None, bytes | str | None]:
         """The route as Redis holds it now (not the cache), the ``init`` record and
         the ``lost`` mark of ``session``, in one round trip (raises RedisDown)."""
         keys = [
@@ -547,9 +549,7 @@ class SessionTable:
             self.keys.session_lost(session),
         ]
         route, init, lost = await within(self.deadline, self.client.mget(keys))
-        if isinstance(route, bytes):
-            route = route.decode()
-        return route, init, lost
+        return (None if route is None else SessionRoute.from_redis(route)), init, lost
 
     async def lost(self, session: str) -> bytes | str | None:
         """The ``lost`` mark of ``session``, if any (raises RedisDown)."""
@@ -586,25 +586,23 @@ class SessionTable:
         except RedisDown as exc:
             self.health.fail(exc)
 
-    async def route(self, session: str) -> str | None:
+    async def route(self, session: str) -> SessionRoute | None:
         """The route of ``session`` as Redis holds it now, not the cache (raises RedisDown)."""
         raw = await within(self.deadline, self.client.get(self.keys.session(session)))
-        if raw is None:
-            return None
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return None if raw is None else SessionRoute.from_redis(raw)
 
-    async def move(self, session: str, route: str) -> None:
+    async def move(self, session: str, route: SessionRoute) -> None:
         """Point ``session`` at its new route (re-homed), refreshing its ``init`` record;
         the claim is released in the same round trip (raises RedisDown)."""
         px = int(self.ttl * 1000)
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.keys.session(session), route, px=px)
+        pipe.set(self.keys.session(session), route.to_redis(), px=px)
         pipe.pexpire(self.keys.session_init(session), px)
         pipe.delete(self.keys.session_moving(session))
         await within(self.deadline, pipe.execute())
         self._remember(session, route, time.monotonic())
 
-    def remember(self, session: str, route: str) -> None:
+    def remember(self, session: str, route: SessionRoute) -> None:
         """Cache the route another router gave ``session`` (it re-homed it)."""
         self._remember(session, route, time.monotonic())
 
@@ -625,17 +623,19 @@ class SessionTable:
 
         Runs when Redis answers again after an outage: it may have restarted
         empty, and sessions opened meanwhile were never written. A session
-        never moves, so the cached owner is still right; ``NX`` leaves entries
-        another router wrote alone.
+        never moves but by a re-home, so the cached route is still right; ``NX``
+        leaves entries another router wrote alone.
         """
-        entries = [(s, owner) for s, (owner, _) in self._cache.items()]
-        entries += [(s, owner) for s, owner in self._unsaved.items() if s not in self._cache]
+        entries = [(s, route) for s, (route, _) in self._cache.items()]
+        entries += [(s, route) for s, route in self._unsaved.items() if s not in self._cache]
         if not entries:
             return
         try:
             pipe = self.client.pipeline(transaction=False)
-            for session, owner in entries:
-                pipe.set(self.keys.session(session), owner, px=int(self.ttl * 1000), nx=True)
+            for session, route in entries:
+                pipe.set(
+                    self.keys.session(session), route.to_redis(), px=int(self.ttl * 1000), nx=True
+                )
             written = await pipe.execute()
         except RedisDown as exc:
             self.health.fail(exc)
