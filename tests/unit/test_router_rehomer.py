@@ -23,11 +23,11 @@ from mcpfleet.contract import Attestation
 from mcpfleet.router.decisions import Candidate
 from mcpfleet.router.exchange import Exchange, RequestOutcome
 from mcpfleet.router.h1 import ConnectFailed, Headers
+from mcpfleet.router.health import Health
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.rehome import Lost, OwnerGone, Rehomer
 from mcpfleet.router.reinit import InitRecord
 from mcpfleet.router.route import SessionRoute
-from mcpfleet.router.table import Health
 from mcpfleet.router.upstream import Failure
 
 SESSION = "client-session-1"

@@ -12,8 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from mcpfleet import redisconn
 from mcpfleet.contract import RedisKeys
+from mcpfleet.router.health import Health
 from mcpfleet.router.route import SessionRoute
-from mcpfleet.router.table import Health, LookupSource, SessionTable
+from mcpfleet.router.table import LookupSource, SessionTable
 
 KEYS = RedisKeys("unit")
 

@@ -90,6 +90,7 @@ from mcpfleet.router.exchange import (
     session_not_found,
 )
 from mcpfleet.router.h1 import Response
+from mcpfleet.router.health import Health, RedisDown
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.refused import RefusedCredentials, refuse
@@ -99,15 +100,9 @@ from mcpfleet.router.rehome import (
     client_session_line,
     swap_session,
 )
+from mcpfleet.router.replicas import Placement, ReplicaView
 from mcpfleet.router.route import SessionRoute
-from mcpfleet.router.table import (
-    Health,
-    LookupSource,
-    Placement,
-    RedisDown,
-    ReplicaView,
-    SessionTable,
-)
+from mcpfleet.router.table import LookupSource, SessionTable
 from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
 
 log = logging.getLogger("mcpfleet.router")

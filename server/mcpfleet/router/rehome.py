@@ -42,6 +42,7 @@ from mcpfleet.httpio import ErrorCode, send_whole
 from mcpfleet.router.decisions import place_session
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later, session_not_found
 from mcpfleet.router.h1 import Broken, ConnectFailed, Response
+from mcpfleet.router.health import Health, RedisDown
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.reinit import (
     InitRecord,
@@ -50,8 +51,9 @@ from mcpfleet.router.reinit import (
     initialize_params,
     reopen,
 )
+from mcpfleet.router.replicas import ReplicaView
 from mcpfleet.router.route import SessionRoute
-from mcpfleet.router.table import Health, RedisDown, ReplicaView, SessionTable
+from mcpfleet.router.table import SessionTable
 from mcpfleet.router.upstream import Failure, Upstream
 
 log = logging.getLogger("mcpfleet.router")
