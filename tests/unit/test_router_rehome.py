@@ -1,12 +1,12 @@
-"""The re-home helpers of the router (mcpfleet.router.rehome, .reinit), without I/O."""
+"""The re-home helpers of the router (mcpfleet.router.route, .gone, .reinit), without I/O."""
 
 from __future__ import annotations
 
 import json
 
-from mcpfleet.router.rehome import answers_gone_work, swap_session
+from mcpfleet.router.gone import answers_gone_work
 from mcpfleet.router.reinit import INIT_LIMIT, InitRecord, initialize_params
-from mcpfleet.router.route import SessionRoute
+from mcpfleet.router.route import SessionRoute, swap_session
 
 
 def init_body(**params: object) -> bytes:

@@ -9,12 +9,22 @@ read from and written to its Redis string here and nowhere else.
 The stored form is shared by every router of a fleet, old and new alike during
 a rolling upgrade: the owner alone (``"replica-0"``), or the owner, one space
 and the owner's id (``"replica-1 3f2a..."``). Replica names and session ids
-hold no space (a session id is visible ASCII, :func:`~mcpfleet.router.decisions.valid_session_id`).
+hold no space (a session id is visible ASCII,
+:func:`~mcpfleet.router.decisions.valid_session_id`).
+
+A request goes along a re-homed route under the owner's id
+(:func:`swap_session`), and the owner is told the client's own
+(:func:`client_session_line`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from mcpfleet.contract import CLIENT_SESSION_HEADER, SESSION_HEADER
+
+_SESSION = SESSION_HEADER.lower().encode()
+_CLIENT_SESSION = CLIENT_SESSION_HEADER.lower().encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +52,16 @@ class SessionRoute:
     def to_redis(self) -> str:
         """The stored form: the owner, and the owner's own id when it differs."""
         return self.owner if self.upstream_id is None else f"{self.owner} {self.upstream_id}"
+
+
+def swap_session(
+    raw_headers: list[tuple[bytes, bytes]], old: str, new: str
+) -> list[tuple[bytes, bytes]]:
+    """``raw_headers`` with the session id ``old`` replaced by ``new``."""
+    old_b, new_b = old.encode("latin-1"), new.encode("latin-1")
+    return [(k, new_b if k.lower() == _SESSION and v == old_b else v) for k, v in raw_headers]
+
+
+def client_session_line(session: str) -> bytes:
+    """The header line naming a re-homed session's own (client's) id to its replica."""
+    return b"%s: %s\r\n" % (_CLIENT_SESSION, session.encode("latin-1"))
