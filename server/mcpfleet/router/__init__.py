@@ -8,9 +8,10 @@
   placed by load, every other sessionless request spread; ``resend``: the one
   loop that tries replica after replica while none can have received a request;
   ``forward``: one request to one replica, with the books kept around it;
-* ``rehome``: what becomes of a session whose owner is gone; ``move``: a
-  re-home this router leads; ``gone``: why an owner counts as gone, and the 404
-  that ends its session; ``reinit``: re-opening a session on a replica;
+* ``rehome``: whether a session whose owner is gone may move; ``move``: the
+  404 that ends such a session, or the move this router leads; ``gone``: why an
+  owner counts as gone, and why a session was not moved; ``reinit``:
+  re-opening a session on a replica;
 * ``route``: a session's route (its owner, and the owner's id for it) and its
   stored form; ``table``: the session table; ``replicas``: the replica view;
   ``health``: Redis reachability (degraded, not closed);

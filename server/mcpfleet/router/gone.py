@@ -1,26 +1,18 @@
-"""A session whose owner is gone: why the owner counts as gone, and the 404 that ends it.
+"""A session whose owner is gone: why the owner counts as gone, and why it was not moved.
 
 :class:`OwnerGone` says how the router noticed the owner's absence,
 :class:`Lost` why a session was ended rather than re-homed (work of it was in
-flight: :func:`answers_gone_work` tells one such request). :class:`SessionEnd`
-ends either with the spec's 404, its route dropped, counted by the reason;
-the re-homing of :mod:`~mcpfleet.router.rehome` and :mod:`~mcpfleet.router.move`
-ends sessions through it alone.
+flight: :func:`answers_gone_work` tells one such request). Both label the
+router's metrics; the 404 that ends such a session is
+:class:`~mcpfleet.router.move.SessionEnd`'s.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-import logging
 
 from mcpfleet.contract import LOST_AT_DRAIN_DEADLINE
-from mcpfleet.router.exchange import Exchange, RequestOutcome, session_not_found
-from mcpfleet.router.metrics import RouterMetrics
-from mcpfleet.router.route import SessionRoute
-from mcpfleet.router.table import SessionTable
-
-log = logging.getLogger("mcpfleet.router")
 
 
 class OwnerGone(enum.StrEnum):
@@ -69,34 +61,3 @@ def answers_gone_work(body: bytes) -> bool:
         if item.get("method") == "notifications/cancelled":
             return True
     return False
-
-
-class SessionEnd:
-    """The spec's 404 for the session of an exchange whose owner is gone: its route
-    dropped from the cache and Redis, the end counted by why."""
-
-    def __init__(self, sessions: SessionTable, metrics: RouterMetrics) -> None:
-        self.sessions = sessions
-        self.metrics = metrics
-
-    async def lost(self, x: Exchange, route: SessionRoute, reason: Lost) -> RequestOutcome:
-        """The session had work in flight when its owner went (or cannot be opened
-        again): it ends with the spec's 404, counted by reason."""
-        assert x.session is not None  # (a sticky exchange's)
-        log.info("session of %s ended, not re-homed: %s", route.owner, reason)
-        self.metrics.lost.labels(reason).inc()
-        await self.sessions.drop(x.session)
-        await session_not_found(x.send)
-        return RequestOutcome.OWNER_GONE
-
-    async def owner_gone(
-        self, x: Exchange, route: SessionRoute, reason: OwnerGone
-    ) -> RequestOutcome:
-        """The session ends with its owner: the spec's 404, counted by how the
-        owner's absence was noticed."""
-        assert x.session is not None  # (a sticky exchange's)
-        log.info("session of %s answered 404: owner %s", route.owner, reason)
-        await self.sessions.drop(x.session)
-        self.metrics.owner_gone.labels(reason).inc()
-        await session_not_found(x.send)
-        return RequestOutcome.OWNER_GONE

@@ -1,4 +1,7 @@
-"""A re-home: an idle session whose owner is gone, opened again on a live replica.
+"""What becomes of a session whose owner is gone: the 404 that ends it, or its move.
+
+:class:`SessionEnd` ends it with the spec's 404, its route dropped, counted by
+why (:class:`~mcpfleet.router.gone.OwnerGone`, :class:`~mcpfleet.router.gone.Lost`).
 
 :class:`Mover` runs the moves this router leads, one per session however many
 of its requests found the owner gone (they share it). What Redis holds of the
@@ -26,7 +29,7 @@ from mcpfleet.contract import Attestation
 from mcpfleet.httpio import ErrorCode, send_whole
 from mcpfleet.router.decisions import Candidate, place_session
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later, session_not_found
-from mcpfleet.router.gone import Lost, OwnerGone, SessionEnd
+from mcpfleet.router.gone import Lost, OwnerGone
 from mcpfleet.router.h1 import Broken, ConnectFailed
 from mcpfleet.router.health import Health, RedisDown
 from mcpfleet.router.metrics import RouterMetrics
@@ -41,6 +44,37 @@ log = logging.getLogger("mcpfleet.router")
 
 #: How often a router that waits for another router's move reads the route.
 MOVE_POLL = 0.05
+
+
+class SessionEnd:
+    """The spec's 404 for the session of an exchange whose owner is gone: its route
+    dropped from the cache and Redis, the end counted by why."""
+
+    def __init__(self, sessions: SessionTable, metrics: RouterMetrics) -> None:
+        self.sessions = sessions
+        self.metrics = metrics
+
+    async def lost(self, x: Exchange, route: SessionRoute, reason: Lost) -> RequestOutcome:
+        """The session had work in flight when its owner went (or cannot be opened
+        again): it ends with the spec's 404, counted by reason."""
+        assert x.session is not None  # (a sticky exchange's)
+        log.info("session of %s ended, not re-homed: %s", route.owner, reason)
+        self.metrics.lost.labels(reason).inc()
+        await self.sessions.drop(x.session)
+        await session_not_found(x.send)
+        return RequestOutcome.OWNER_GONE
+
+    async def owner_gone(
+        self, x: Exchange, route: SessionRoute, reason: OwnerGone
+    ) -> RequestOutcome:
+        """The session ends with its owner: the spec's 404, counted by how the
+        owner's absence was noticed."""
+        assert x.session is not None  # (a sticky exchange's)
+        log.info("session of %s answered 404: owner %s", route.owner, reason)
+        await self.sessions.drop(x.session)
+        self.metrics.owner_gone.labels(reason).inc()
+        await session_not_found(x.send)
+        return RequestOutcome.OWNER_GONE
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ carry the client's id back. docs/rehome.md tells what a client sees, and what
 this does not cover.
 
 :class:`Rehomer` decides what becomes of a session whose owner is gone (the
-spec's 404 through :class:`~mcpfleet.router.gone.SessionEnd`, or the move its
+spec's 404 through :class:`~mcpfleet.router.move.SessionEnd`, or the move its
 :class:`~mcpfleet.router.move.Mover` leads) and keeps this router's books for
 it: the requests of each session in flight here. The sticky route
 (:mod:`~mcpfleet.router.sticky`) tells it when a request starts and ends and
@@ -25,11 +25,11 @@ from mcpfleet.config import RouterConfig
 from mcpfleet.contract import PRINCIPAL_HEADER, REHOME_HEADER
 from mcpfleet.httpio import ErrorCode
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later
-from mcpfleet.router.gone import Lost, OwnerGone, SessionEnd, answers_gone_work
+from mcpfleet.router.gone import Lost, OwnerGone, answers_gone_work
 from mcpfleet.router.h1 import Response
 from mcpfleet.router.health import Health
 from mcpfleet.router.metrics import RouterMetrics
-from mcpfleet.router.move import Move, Mover
+from mcpfleet.router.move import Move, Mover, SessionEnd
 from mcpfleet.router.reinit import InitRecord, initialize_params
 from mcpfleet.router.replicas import ReplicaView
 from mcpfleet.router.route import SessionRoute
