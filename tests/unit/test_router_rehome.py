@@ -1,11 +1,12 @@
-"""The re-home helpers of the router (mcpfleet.router.rehome, .reinit), without I/O."""
+"""The re-home helpers of the router (mcpfleet.router.route, .gone, .reinit), without I/O."""
 
 from __future__ import annotations
 
 import json
 
-from mcpfleet.router.rehome import answers_gone_work, join_route, split_route, swap_session
+from mcpfleet.router.gone import answers_gone_work
 from mcpfleet.router.reinit import INIT_LIMIT, InitRecord, initialize_params
+from mcpfleet.router.route import SessionRoute, swap_session
 
 
 def init_body(**params: object) -> bytes:
@@ -45,8 +46,22 @@ def test_a_stored_record_round_trips_and_garbage_reads_as_absent() -> None:
 
 
 def test_a_route_names_the_owner_and_for_a_rehomed_session_its_own_id() -> None:
-    assert split_route(join_route("replica-0", None)) == ("replica-0", None)
-    assert split_route(join_route("r1", "abc123")) == ("r1", "abc123")
+    assert SessionRoute.from_redis(SessionRoute("replica-0").to_redis()) == SessionRoute(
+        "replica-0"
+    )
+    assert SessionRoute.from_redis(SessionRoute("r1", "abc123").to_redis()) == SessionRoute(
+        "r1", "abc123"
+    )
+
+
+def test_a_route_is_stored_as_every_router_of_the_fleet_reads_and_writes_it() -> None:
+    """The stored form is shared with routers of other versions (a rolling upgrade):
+    the owner alone, or the owner, one space and the owner's own id."""
+    assert SessionRoute("replica-0").to_redis() == "replica-0"
+    assert SessionRoute("r1", "abc123").to_redis() == "r1 abc123"
+    assert SessionRoute.from_redis(b"replica-0") == SessionRoute("replica-0", None)
+    assert SessionRoute.from_redis("r1 abc123") == SessionRoute("r1", "abc123")
+    assert SessionRoute.from_redis(b"r1 abc123") == SessionRoute("r1", "abc123")
 
 
 def test_answers_and_cancellations_mark_work_of_the_gone_owner() -> None:

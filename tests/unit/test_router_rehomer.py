@@ -23,14 +23,17 @@ from mcpfleet.contract import Attestation
 from mcpfleet.router.decisions import Candidate
 from mcpfleet.router.exchange import Exchange, RequestOutcome
 from mcpfleet.router.h1 import ConnectFailed, Headers
+from mcpfleet.router.health import Health
 from mcpfleet.router.metrics import RouterMetrics
-from mcpfleet.router.rehome import Lost, OwnerGone, Rehomer, join_route
+from mcpfleet.router.rehome import Lost, OwnerGone, Rehomer
 from mcpfleet.router.reinit import InitRecord
-from mcpfleet.router.table import Health
+from mcpfleet.router.route import SessionRoute
 from mcpfleet.router.upstream import Failure
 
 SESSION = "client-session-1"
 OWNER = "r0"
+#: The route of the session re-homed on r1 (which opened it as "new-on-r1").
+NEW_ON_R1 = SessionRoute("r1", "new-on-r1")
 PARAMS = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c"}}
 TOOL_CALL = json.dumps(
     {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "t"}}
@@ -41,8 +44,17 @@ ELICIT_ANSWER = json.dumps({"jsonrpc": "2.0", "id": 3, "result": {"action": "acc
 # --------------------------------------------------------------------------- fakes
 
 
+def stored(route: SessionRoute | None) -> str | None:
+    return None if route is None else route.to_redis()
+
+
+def read(raw: str | None) -> SessionRoute | None:
+    return None if raw is None else SessionRoute.from_redis(raw)
+
+
 class FakeSessions:
-    """The part of SessionTable re-homing uses, over dicts (what Redis would hold)."""
+    """The part of SessionTable re-homing uses, over dicts of what Redis would hold
+    (each route in its stored form)."""
 
     def __init__(self) -> None:
         self.routes: dict[str, str] = {SESSION: OWNER}
@@ -58,10 +70,13 @@ class FakeSessions:
         if self.down:
             raise RedisConnectionError("Redis unreachable")
 
-    async def rehome_state(self, session: str) -> tuple[str | None, str | None, str | None]:
+    async def rehome_state(
+        self, session: str
+    ) -> tuple[SessionRoute | None, str | None, str | None]:
         await asyncio.sleep(0)
         self._redis()
-        return self.routes.get(session), self.init.get(session), self.lost_marks.get(session)
+        route = read(self.routes.get(session))
+        return route, self.init.get(session), self.lost_marks.get(session)
 
     async def lost(self, session: str) -> str | None:
         self._redis()
@@ -82,19 +97,19 @@ class FakeSessions:
     async def release_move(self, session: str) -> None:
         self.claims.discard(session)
 
-    async def route(self, session: str) -> str | None:
+    async def route(self, session: str) -> SessionRoute | None:
         await asyncio.sleep(0)
         self._redis()
-        return self.routes.get(session)
+        return read(self.routes.get(session))
 
-    async def move(self, session: str, route: str) -> None:
+    async def move(self, session: str, route: SessionRoute) -> None:
         self._redis()
-        self.routes[session] = route
+        self.routes[session] = route.to_redis()
         self.claims.discard(session)
-        self.cache[session] = route
+        self.cache[session] = route.to_redis()
 
-    def remember(self, session: str, route: str) -> None:
-        self.cache[session] = route
+    def remember(self, session: str, route: SessionRoute) -> None:
+        self.cache[session] = route.to_redis()
 
     async def drop(self, session: str) -> None:
         for table in (self.routes, self.init, self.lost_marks, self.cache):
@@ -294,8 +309,8 @@ class Rig:
 
     async def gone(
         self, client: Client, cause: OwnerGone = OwnerGone.REFUSED, rehomed: bool = False
-    ) -> str | RequestOutcome:
-        return await self.rehomer.gone(client.x, OWNER, cause, rehomed)
+    ) -> SessionRoute | RequestOutcome:
+        return await self.rehomer.gone(client.x, SessionRoute(OWNER), cause, rehomed)
 
     def count(self, metric: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(metric, labels) or 0.0
@@ -322,9 +337,9 @@ async def test_an_idle_session_moves_to_a_live_replica_with_the_current_credenti
     rig = Rig()
     client = Client()
     route = await rig.gone(client)
-    assert route == join_route("r1", "new-on-r1") == "r1 new-on-r1"
+    assert route == NEW_ON_R1
     assert client.messages == [], "the router forwards along the new route: nothing answered yet"
-    assert rig.sessions.routes[SESSION] == route, "the route in Redis names the new owner"
+    assert rig.sessions.routes[SESSION] == "r1 new-on-r1", "the route in Redis names the new owner"
     assert rig.sessions.claims == set(), "the claim goes with the move"
     assert rig.pool.requests("initialize") == ["r1"]
     assert rig.pool.requests("notifications/initialized") == ["r1"]
@@ -345,7 +360,7 @@ async def test_concurrent_requests_of_a_session_share_one_move_led_by_the_first(
     assert rig.pool.requests("initialize") == ["r1"], "one re-open, not one per request"
     rig.pool.gate.set()
     routes = await asyncio.gather(*moves)
-    assert routes == ["r1 new-on-r1"] * 3
+    assert routes == [NEW_ON_R1] * 3
     assert all(c.messages == [] for c in clients)
     assert rig.pool.requests("initialize") == ["r1"]
     assert rig.rehomed() == 1
@@ -359,7 +374,7 @@ async def test_a_move_another_router_leads_is_awaited_and_its_route_taken() -> N
     await asyncio.sleep(0.01)
     assert not waiting.done()
     rig.sessions.routes[SESSION] = "r2 other-routers-id"  # that router's move lands
-    assert await asyncio.wait_for(waiting, 2) == "r2 other-routers-id"
+    assert await asyncio.wait_for(waiting, 2) == SessionRoute("r2", "other-routers-id")
     assert rig.sessions.cache[SESSION] == "r2 other-routers-id"
     assert rig.pool.sent == [], "this router opened nothing"
 
@@ -376,13 +391,13 @@ async def test_a_move_another_router_never_finishes_is_a_503_to_retry() -> None:
 async def test_a_route_another_router_already_moved_is_taken_without_a_move() -> None:
     rig = Rig()
     rig.sessions.routes[SESSION] = "r2 moved-before"  # this router's cache was stale
-    assert await rig.gone(Client()) == "r2 moved-before"
+    assert await rig.gone(Client()) == SessionRoute("r2", "moved-before")
     assert rig.pool.sent == []
 
 
 async def test_a_stream_reconnect_whose_owner_died_is_re_homed() -> None:
     rig = Rig()
-    assert await rig.gone(Client("GET", b""), OwnerGone.DIED) == "r1 new-on-r1"
+    assert await rig.gone(Client("GET", b""), OwnerGone.DIED) == NEW_ON_R1
     assert rig.rehomed(OwnerGone.DIED) == 1
 
 
@@ -412,7 +427,7 @@ async def test_a_session_whose_requests_all_ended_is_re_homed() -> None:
     rig.rehomer.enter(SESSION)
     rig.rehomer.leave(SESSION)
     rig.rehomer.leave(SESSION)
-    assert await rig.gone(Client()) == "r1 new-on-r1"
+    assert await rig.gone(Client()) == NEW_ON_R1
 
 
 async def test_an_elicitation_answer_to_the_gone_owner_gets_the_404() -> None:
@@ -488,7 +503,7 @@ async def test_a_401_of_the_live_replica_is_relayed_and_the_session_stays_re_hom
     assert client.header(b"www-authenticate") == challenge.encode()
     assert rig.sessions.routes[SESSION] == OWNER and rig.sessions.claims == set()
     rig.pool.initialize["r1"] = opened("new-on-r1")
-    assert await rig.gone(Client()) == "r1 new-on-r1", "the next request with a good token moves it"
+    assert await rig.gone(Client()) == NEW_ON_R1, "the next request with a good token moves it"
 
 
 async def test_no_replica_taking_the_connection_is_a_503_and_the_session_stays() -> None:
@@ -503,7 +518,7 @@ async def test_no_replica_taking_the_connection_is_a_503_and_the_session_stays()
 
 async def test_a_replica_that_does_not_answer_in_time_fails_over_to_the_next() -> None:
     rig = Rig({"r1": TimeoutError(), "r2": opened("new-on-r2")}, serving=("r1", "r2"))
-    assert await rig.gone(Client()) == "r2 new-on-r2"
+    assert await rig.gone(Client()) == SessionRoute("r2", "new-on-r2")
 
 
 async def test_a_re_home_past_its_deadline_is_a_503_and_the_claim_released() -> None:
@@ -531,7 +546,7 @@ async def test_a_re_home_cancelled_midway_releases_its_claim_for_the_next_reques
         "no answer was sent, and the claim is released all the same"
     )
     rig.pool.gate.set()
-    assert await rig.gone(Client()) == "r1 new-on-r1", "the next request leads a new move"
+    assert await rig.gone(Client()) == NEW_ON_R1, "the next request leads a new move"
 
 
 async def test_another_principals_credential_gets_the_404_and_leaves_the_session_untouched() -> (
@@ -563,7 +578,7 @@ async def test_redis_down_during_a_re_home_is_a_503_and_the_router_degraded() ->
     assert client.status == 503 and b"directory unavailable" in client.body
     assert rig.health.degraded
     rig.sessions.down = False
-    assert await rig.gone(Client()) == "r1 new-on-r1", "re-homed once Redis answers"
+    assert await rig.gone(Client()) == NEW_ON_R1, "re-homed once Redis answers"
 
 
 # --------------------------------------------------------------------------- no move at all
@@ -616,6 +631,6 @@ async def test_a_request_waiting_on_a_move_that_failed_tries_its_own() -> None:
     await asyncio.sleep(0.01)
     rig.pool.gate.set()
     assert await first is RequestOutcome.CLIENT_ERROR and leader.status == 401
-    assert await second == "r1 new-on-r1", "the follower re-homes with its own credential"
+    assert await second == NEW_ON_R1, "the follower re-homes with its own credential"
     assert follower.messages == []
     assert rig.pool.requests("initialize") == ["r1", "r1"]

@@ -26,7 +26,7 @@ from mcpfleet.contract import Attestation
 from mcpfleet.router import h1
 from mcpfleet.router.http import body_arrived, bounded_protocol
 from mcpfleet.router.proxy import Router
-from mcpfleet.router.table import merge_registry
+from mcpfleet.router.replicas import merge_registry
 
 ANSWER = b'{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{}}}'
 ANSWER_HEAD = (

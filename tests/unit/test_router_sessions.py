@@ -12,7 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from mcpfleet import redisconn
 from mcpfleet.contract import RedisKeys
-from mcpfleet.router.table import Health, LookupSource, SessionTable
+from mcpfleet.router.health import Health
+from mcpfleet.router.route import SessionRoute
+from mcpfleet.router.table import LookupSource, SessionTable
 
 KEYS = RedisKeys("unit")
 
@@ -43,7 +45,7 @@ async def test_concurrent_lookups_share_one_mget_and_unknown_ids_are_remembered(
     table = _table(client, Health())
     ids = ["live", *(f"unknown-{i}" for i in range(99))]
     results = await asyncio.gather(*(table.lookup(s) for s in ids))
-    assert results[0] == ("replica-0", LookupSource.REDIS)
+    assert results[0] == (SessionRoute("replica-0"), LookupSource.REDIS)
     assert all(r == (None, LookupSource.MISS) for r in results[1:])
     assert client.mgets == [100], "one round trip for the whole burst"
     again = await table.lookup("unknown-7")

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from mcpfleet.contract import Attestation, RedisKeys
-from mcpfleet.router import table as router_table
+from mcpfleet.router import replicas as router_replicas
 from mcpfleet.router.decisions import place_session
-from mcpfleet.router.table import Health, ReplicaView, ViewState, merge_registry
+from mcpfleet.router.health import Health
+from mcpfleet.router.replicas import ReplicaView, ViewState, merge_registry
 
 
 def _att(name: str, heartbeat: float, state: str = "serving") -> Attestation:
@@ -45,8 +46,8 @@ def view(monkeypatch: pytest.MonkeyPatch) -> View:
             raise ConnectionError("redis down")
         return dict(registry["value"])
 
-    monkeypatch.setattr(router_table, "read_replicas", fake_read)
-    monkeypatch.setattr(router_table.time, "monotonic", clock)
+    monkeypatch.setattr(router_replicas, "read_replicas", fake_read)
+    monkeypatch.setattr(router_replicas.time, "monotonic", clock)
     client: Any = None  # never used: reads go through the fake above
     return ReplicaView(client=client, keys=RedisKeys("t"), health=Health()), registry, clock
 

@@ -83,7 +83,8 @@ from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, mcpfleet_argv
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.registry import PRUNE_EVERY
 from mcpfleet.router.decisions import pick_stateless, place_session
-from mcpfleet.router.table import Health, ReplicaView, ViewState
+from mcpfleet.router.health import Health
+from mcpfleet.router.replicas import ReplicaView, ViewState
 
 ROUTER_STEPS = (1, 2, 4)
 SESSION_STEPS = (1_000, 10_000, 100_000)

@@ -2,11 +2,13 @@
 
 Per request (see :mod:`mcpfleet.router.decisions` for the pure decisions):
 
-* ``Mcp-Session-Id`` present: to the session's owner (cache, then Redis). An
-  owner that is gone, unknown, or refuses the connection gets the spec's 404
-  at once and the entry is dropped, so the client re-initializes.
-* ``initialize``: to the serving replica with the fewest sessions (those in
-  flight to it count, one answered without a session does not); the new
+* ``Mcp-Session-Id`` present (:mod:`~mcpfleet.router.sticky`): to the
+  session's owner (cache, then Redis). An owner that is gone, unknown, or
+  refuses the connection gets the spec's 404 at once and the entry is
+  dropped, so the client re-initializes.
+* ``initialize`` (:mod:`~mcpfleet.router.spread`, as the next): to the
+  serving replica with the fewest sessions (those in flight to it count, one
+  answered without a session does not); the new
   session id is written to Redis before the response reaches the client, so
   any router can route the session's next request.
 * everything else (modern era, sessionless): to any serving replica, chosen
@@ -40,11 +42,14 @@ pooled connection could meet that connection's close and be lost unanswered.
 The process around the router (uvicorn and its signals) is
 :mod:`~mcpfleet.router.serve`.
 
-:class:`Router` decides and keeps the books (in flight, sessions, latency,
-outcomes); a request travels through it as one
-:class:`~mcpfleet.router.exchange.Exchange`; it forwards through
-:class:`~mcpfleet.router.upstream.Upstream`, and hands a session whose owner is
-gone to its :class:`~mcpfleet.router.rehome.Rehomer`.
+:class:`Router` is the ASGI application and the process's state: it starts
+and stops the router, answers the health, readiness and metrics paths, admits
+each request and hands it, as one :class:`~mcpfleet.router.exchange.Exchange`,
+to :class:`~mcpfleet.router.sticky.Sticky` (a session's) or
+:class:`~mcpfleet.router.spread.Spread` (any other); both forward through one
+:class:`~mcpfleet.router.forward.Forwarder` (the books: in flight, sessions,
+latency), and a session whose owner is gone goes to the
+:class:`~mcpfleet.router.rehome.Rehomer`.
 """
 
 from __future__ import annotations
@@ -55,67 +60,32 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from mcpfleet import tracing
 from mcpfleet.config import RouterConfig
-from mcpfleet.contract import DRAINING_HEADER, MCP_PATH, SESSION_HEADER, RedisKeys
+from mcpfleet.contract import MCP_PATH, RedisKeys
 from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import parses_as_json
-from mcpfleet.limits import Held
 from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
 from mcpfleet.router.admission import ClientGone, Rejection, admit
-from mcpfleet.router.decisions import (
-    Candidate,
-    OriginPolicy,
-    RouteKind,
-    cancellations,
-    classify,
-    era_of,
-    pick_stateless,
-    place_session,
-    valid_session_id,
-)
-from mcpfleet.router.exchange import (
-    Exchange,
-    RequestOutcome,
-    outcome_of,
-    outcome_unknown,
-    respond,
-    retry_later,
-    session_not_found,
-)
-from mcpfleet.router.h1 import Response
-from mcpfleet.router.http import WATCH_DISCONNECT
+from mcpfleet.router.decisions import OriginPolicy, RouteKind, classify, era_of
+from mcpfleet.router.exchange import RequestOutcome, respond
+from mcpfleet.router.forward import Forwarder
+from mcpfleet.router.health import Health, RedisDown
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.refused import RefusedCredentials, refuse
-from mcpfleet.router.rehome import (
-    OwnerGone,
-    Rehomer,
-    client_session_line,
-    split_route,
-    swap_session,
-)
-from mcpfleet.router.table import (
-    Health,
-    LookupSource,
-    Placement,
-    RedisDown,
-    ReplicaView,
-    SessionTable,
-)
-from mcpfleet.router.upstream import Dropped, Failure, Upstream, session_ended
+from mcpfleet.router.rehome import Rehomer
+from mcpfleet.router.replicas import ReplicaView
+from mcpfleet.router.spread import Spread
+from mcpfleet.router.sticky import Sticky
+from mcpfleet.router.table import SessionTable
+from mcpfleet.router.upstream import Failure, Upstream
 
 log = logging.getLogger("mcpfleet.router")
-_T = TypeVar("_T")
-
-#: Seconds a new session waits for a place where only ``initialize`` requests in
-#: flight fill every replica's ``--session-cap`` (a refused one gives its place back).
-PLACE_WAIT = 1.0
 
 #: The paths the router names as ``http.route`` in its spans (any other: none).
 _ROUTES = frozenset({MCP_PATH})
@@ -169,9 +139,15 @@ class Router:
         self.rehomer = Rehomer(
             config, self.sessions, self.view, self.upstream, self.metrics, self.health
         )
+        # A session's requests go to its owner (sticky), any other is placed or
+        # spread; both forward to a replica through one forwarder.
+        self.forwarder = Forwarder(
+            self.view, self.sessions, self.upstream, self.refused, self.metrics, self.rehomer
+        )
+        sticky = (self.sessions, self.view, self.upstream, self.metrics, self.rehomer)
+        self.sticky = Sticky(config, *sticky, self.forwarder)
+        self.spread = Spread(config, self.view, self.refused, self.metrics, self.forwarder)
         self._tasks: list[asyncio.Task[None]] = []
-        #: ``notifications/cancelled`` on their way to replicas.
-        self._notices: set[asyncio.Future[None]] = set()
         #: Set at SIGTERM: answers close their connections, /readyz says 503.
         self.closing = False
         #: Whether startup moves every object alive by then out of the cyclic
@@ -183,7 +159,7 @@ class Router:
     # --- lifecycle -------------------------------------------------------------------
 
     async def startup(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.loop = self.forwarder.loop = asyncio.get_running_loop()
         await check_version(self.redis, self.config.redis_deadline)
         await self.upstream.start()
         await self.view.refresh()
@@ -229,9 +205,9 @@ class Router:
         return moved
 
     async def shutdown(self) -> None:
-        for task in [*self._tasks, *self._notices]:
+        for task in [*self._tasks, *self.forwarder.notices]:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._notices, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self.forwarder.notices, return_exceptions=True)
         await self.upstream.close()
         await self.redis.aclose()
 
@@ -344,288 +320,10 @@ class Router:
             await refuse(x, held)
             return kind.value, RequestOutcome.LIMITED
         if kind is RouteKind.STICKY:
-            outcome = await self._sticky(x)
+            outcome = await self.sticky.route(x)
         else:
-            outcome = await self._spread(x, kind)
+            outcome = await self.spread.route(x, kind)
         return kind.value, outcome
-
-    async def _sticky(self, x: Exchange) -> RequestOutcome | Failure:
-        session = x.session
-        assert session is not None  # (the request carries Mcp-Session-Id: STICKY)
-        if not valid_session_id(session):
-            await respond(
-                x.send,
-                400,
-                jsonrpc_error(ErrorCode.INVALID_REQUEST, "Bad Request: malformed Mcp-Session-Id"),
-            )
-            return RequestOutcome.REJECTED
-        route, source = await self.sessions.lookup(session)
-        self.metrics.lookups.labels(source).inc()
-        if tracing.ON:
-            tracing.note("mcpfleet.session.lookup", source.value)
-        if route is None:
-            if source is LookupSource.BUSY:
-                # A burst holds every Redis connection: the session may exist.
-                await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "Router busy; retry")
-                return RequestOutcome.UNAVAILABLE
-            if source is LookupSource.UNKNOWN:
-                # Redis cannot say whether the session exists: a 404 could end a live one.
-                await retry_later(
-                    x.send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
-                )
-                return RequestOutcome.UNAVAILABLE
-            await session_not_found(x.send)
-            return RequestOutcome.CLIENT_ERROR
-        return await self._to_route(x, route)
-
-    async def _to_route(
-        self, x: Exchange, route: str, rehomed: bool = False
-    ) -> RequestOutcome | Failure:
-        """Forward a session's request along its ``route``; an owner found gone is
-        the :class:`~mcpfleet.router.rehome.Rehomer`'s (:meth:`_gone`).
-        ``rehomed``: the route was just made; an owner gone again is a 503."""
-        session = x.session
-        assert session is not None  # (a sticky exchange's)
-        owner, upstream_session = split_route(route)
-        address = await self.view.locate(owner)
-        if address is None:
-            # Known dead, or absent from the registry for long: it left.
-            return await self._gone(x, route, OwnerGone.DEREGISTERED, rehomed)
-        alias: tuple[bytes, bytes] | None = None
-        forwarded = x
-        if upstream_session is not None:
-            # The owner knows the session by its own id; answers carry the client's.
-            forwarded = x.with_headers(swap_session(x.scope["headers"], session, upstream_session))
-            alias = (upstream_session.encode("latin-1"), session.encode("latin-1"))
-        # Only a re-homing router reads the count (a session busy here is not moved).
-        method: str = x.scope["method"]
-        counted = self.config.rehome_sessions and method == "POST"
-        if counted:
-            self.rehomer.enter(session)
-        try:
-            outcome = await self._forward(forwarded, RouteKind.STICKY, owner, address, alias)
-            if counted and cancellations(x.body):
-                # Marked lost (if it may have been cut with its owner) while the
-                # request still counts in flight here.
-                await self.rehomer.ended(session, owner, address, outcome)
-        finally:
-            if counted:
-                self.rehomer.leave(session)
-        if outcome is Failure.REFUSED:
-            self.view.drop_dead(owner)
-            return await self._gone(x, route, OwnerGone.REFUSED, rehomed)
-        if outcome is Failure.TIMEOUT:
-            # Overloaded, or unreachable: not proof of death. The client may retry.
-            await retry_later(
-                x.send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
-            )
-            return RequestOutcome.UNAVAILABLE
-        if outcome is Failure.DRAINING:
-            # Only a replica that no longer knows the session (or, draining with
-            # the handover, hands it over) answers this way.
-            return await self._gone(x, route, OwnerGone.UNKNOWN_TO_OWNER, rehomed)
-        if outcome is Failure.DROPPED:
-            # The owner may have run the request, so it goes nowhere else. An owner
-            # that no longer takes connections died with the session: the spec's 404.
-            if not await self.upstream.accepts(address):
-                self.view.drop_dead(owner)
-                return await self._gone(x, route, OwnerGone.DIED, rehomed)
-            await outcome_unknown(x.send, owner)
-            return Failure.DROPPED
-        if method == "DELETE" and isinstance(outcome, int) and outcome < 300:
-            # Only the session's own credential can end it (anyone else gets a 404).
-            await self.sessions.drop(session)
-        return outcome_of(outcome)
-
-    async def _gone(
-        self, x: Exchange, route: str, cause: OwnerGone, rehomed: bool
-    ) -> RequestOutcome | Failure:
-        """The owner on ``route`` is gone: the 404, or, re-homing, on to the new route."""
-        if tracing.ON:
-            tracing.note("mcpfleet.owner_gone", cause.value)
-        moved = await self.rehomer.gone(x, route, cause, rehomed)
-        if isinstance(moved, RequestOutcome):
-            return moved
-        if tracing.ON:
-            tracing.note("mcpfleet.rehomed", True)
-        # The client's own headers go along (its session id swapped by _to_route).
-        return await self._to_route(x, moved, True)
-
-    async def _spread(self, x: Exchange, kind: RouteKind) -> RequestOutcome | Failure:
-        tried: set[str] = set()
-        for _ in range(self.config.attempts):
-            if kind is RouteKind.INITIALIZE:
-                placed = await self._placement(x, tried)
-                if isinstance(placed, Held):
-                    await refuse(x, placed)
-                    return RequestOutcome.LIMITED
-                choice = placed
-            else:
-                choice = pick_stateless(self.view.serving(exclude=tried))
-            if choice is None:
-                break
-            tried.add(choice.name)
-            replica = self.view.get(choice.name)
-            if replica is None:
-                continue
-            # An initialize holds a place on the replica until its answer.
-            place = self.view.placing(replica.name) if kind is RouteKind.INITIALIZE else None
-            try:
-                outcome = await self._forward(x, kind, replica.name, replica.address, place=place)
-            finally:
-                if place is not None:
-                    place.close()
-            if isinstance(outcome, Failure) and outcome.nothing_processed:
-                if outcome is Failure.REFUSED and await self.view.after_refusal(
-                    replica.name, replica.address
-                ):
-                    tried.discard(replica.name)  # restarted elsewhere: it may take it
-                self.metrics.retries.labels(outcome.value).inc()
-                if tracing.ON:
-                    _note_resend(len(tried), outcome)
-                continue
-            if outcome is Failure.DROPPED:
-                await outcome_unknown(x.send, replica.name)
-            return outcome_of(outcome)
-        full = (
-            kind is RouteKind.INITIALIZE
-            and self.config.session_cap is not None
-            and bool(self.view.serving())
-        )
-        message = "All replicas are at their session cap" if full else "No serving replica"
-        await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, message)
-        return RequestOutcome.NO_REPLICA
-
-    async def _placement(self, x: Exchange, tried: set[str]) -> Candidate | Held | None:
-        """The replica for the new session of ``x`` (None: every one is full).
-
-        Where only ``initialize`` requests in flight fill the cap, it waits (at most
-        :data:`PLACE_WAIT` seconds) for one to be answered: a refused one gives its
-        place back at once, and a credential a replica refused meanwhile is refused
-        here from memory (the :class:`Held` returned) rather than waiting on.
-        """
-        cap = self.config.session_cap
-        deadline: float | None = None
-        while True:
-            candidates = self.view.serving(exclude=tried)
-            choice = place_session(candidates, cap)
-            if choice is not None or not self.view.opening_to(candidates):
-                return choice
-            now = time.monotonic()
-            deadline = now + PLACE_WAIT if deadline is None else deadline
-            if now >= deadline:
-                return None
-            await self.view.place_freed(deadline - now)
-            if self.refused.memory and (held := self.refused.held(x)) is not None:
-                return held
-
-    async def _forward(
-        self,
-        x: Exchange,
-        kind: RouteKind,
-        name: str,
-        address: str,
-        alias: tuple[bytes, bytes] | None = None,
-        place: Placement | None = None,
-    ) -> int | Failure:
-        """Forward the request of ``x`` to replica ``name`` through :attr:`upstream`.
-
-        Around the forwarding itself: the request counts in flight while it
-        runs; once the replica's headers arrived a new session is recorded, a
-        rate refusal learnt, the latency observed; the session's route is forgotten
-        when the replica marks its 404 as "no such session" (an unmarked 404 answers
-        a credential that is not the session's). ``alias``: the owner's and the
-        client's ids of a re-homed session; ``place``: an ``initialize``'s place on
-        the replica. Returns the status relayed, or the :class:`Failure` that stopped it.
-        """
-        session = x.session
-        self.view.inflight[name] = self.view.inflight.get(name, 0) + 1
-        try:
-            try:
-                line = client_session_line(session) if alias and session else b""
-                if tracing.ON:
-                    line += _traced_to(name)
-                upstream = await _unless_client_leaves(
-                    self.upstream.open(x.scope, name, address, x.body, line),
-                    x.scope,
-                    x.receive,
-                    self.loop or asyncio.get_running_loop(),
-                )
-            except Dropped:
-                # The request may have been processed: never re-sent. The caller answers.
-                return Failure.DROPPED
-            except _ClientLeft:
-                # The client left before the answer: the closed upstream cancels it.
-                self._cancelled(kind, x, address)
-                return Failure.DISCONNECTED
-            if isinstance(upstream, Failure):
-                return upstream
-            if upstream.status == 503 and upstream.headers.get(DRAINING_HEADER):
-                await self.upstream.decline(upstream)
-                return Failure.DRAINING
-            # A session opened or ended, a rate refusal (rare: the common path only tests).
-            if place is not None and 200 <= upstream.status < 300:
-                await self._record(x, name, upstream, place)
-            elif session is not None and session_ended(upstream):
-                await self._forget(session, upstream)
-            elif upstream.status == 429:
-                self.refused.learn(x, upstream)
-            self._observe_latency(kind, x.started)
-            result = await self.upstream.relay(upstream, address, x.receive, x.send, alias)
-            if result is Failure.UPSTREAM_BROKE:
-                log.warning("replica %s broke off its response; aborting the client's", name)
-            elif result is Failure.DISCONNECTED:
-                self._cancelled(kind, x, address)
-            return result
-        finally:
-            self.view.inflight[name] -= 1
-
-    def _observe_latency(self, kind: RouteKind, started: float) -> None:
-        """The request's time to the replica's headers; with tracing on, its trace's ids
-        as the observation's exemplar (when sampled)."""
-        exemplar = tracing.exemplar() if tracing.ON else None
-        self.metrics.observe_latency(kind.value, time.perf_counter() - started, exemplar)
-
-    async def _record(self, x: Exchange, name: str, upstream: Response, place: Placement) -> None:
-        """An ``initialize`` was answered 2xx: the session it opened (if it names one)
-        counts on ``name`` and is routed to it (before the client has the answer). On
-        any error the upstream response is closed."""
-        try:
-            created = upstream.headers.get(SESSION_HEADER)
-            if created and valid_session_id(created):
-                place.opened()
-                init = self.rehomer.init_record(upstream, x.body)
-                await self.sessions.record(created, name, init)
-        except BaseException:
-            upstream.close()
-            raise
-
-    async def _forget(self, session: str, upstream: Response) -> None:
-        """The owner said "no such session": its route goes. On any error the upstream
-        response is closed."""
-        try:
-            await self.sessions.drop(session)
-        except BaseException:
-            upstream.close()
-            raise
-
-    def _cancelled(self, kind: RouteKind, x: Exchange, address: str) -> None:
-        """The client went away before its answer was complete: the request is cancelled.
-
-        A stateless request is cancelled by the closed upstream connection alone
-        (the replica sees its client leave). A session's request runs in the
-        session, not in its HTTP request: the owner is told with the spec's
-        ``notifications/cancelled`` for each request id the body carried, sent
-        with the client's own headers (its session id and credentials).
-        """
-        self.metrics.cancelled.labels(kind.value).inc()
-        if x.session is None:
-            return
-        notices = cancellations(x.body)
-        if notices:
-            task = asyncio.ensure_future(self.upstream.notify(x.scope, address, notices))
-            self._notices.add(task)
-            task.add_done_callback(self._notices.discard)
 
 
 def _accept(scope: Scope) -> str:
@@ -634,108 +332,6 @@ def _accept(scope: Scope) -> str:
         if name == b"accept":
             return str(value.decode("latin-1"))
     return ""
-
-
-def _note_resend(attempts: int, why: Failure) -> None:
-    """A request sent again to another replica: how many times so far, and why."""
-    tracing.note("mcpfleet.resend.count", attempts)
-    tracing.note("mcpfleet.resend.reason", why.value)
-
-
-def _traced_to(name: str) -> bytes:
-    """The forward to replica ``name`` noted on the request's span, and the header
-    line that carries the span's context to the replica."""
-    tracing.note("mcpfleet.replica", name)
-    parent = tracing.traceparent()
-    return b"traceparent: " + parent + b"\r\n" if parent else b""
-
-
-class _ClientLeft(Exception):
-    """The client went away while the router waited for the replica's answer."""
-
-
-async def _unless_client_leaves(
-    opening: Coroutine[Any, Any, _T],
-    scope: Scope,
-    receive: Receive,
-    loop: asyncio.AbstractEventLoop,
-) -> _T:
-    """Await ``opening`` in this task; raise :class:`_ClientLeft` (``opening``
-    cancelled: it closes its connection) if the client leaves first.
-
-    Served by the router's own HTTP protocol (:mod:`mcpfleet.router.http`), the
-    connection tells when it closes, and that cancels this task: no task, no
-    ``asyncio.wait`` per request (two tasks and a wait per forwarded request
-    were a measurable share of the router's CPU). Elsewhere (an ASGI test
-    client) one task reads the next ASGI message, which is the client's
-    disconnect, whenever it comes (the request body was read whole before).
-    """
-    task = asyncio.current_task(loop)  # (given the loop: no getpid() call on Python 3.11)
-    assert task is not None
-    left = False
-    armed = True
-
-    def gone() -> None:
-        nonlocal left
-        if armed:
-            left = True
-            task.cancel()
-
-    watch_disconnect = scope.get("extensions", {}).get(WATCH_DISCONNECT)
-    unwatch = None
-    if watch_disconnect is not None:
-        watch_disconnect(gone)
-    else:
-        unwatch = _watch_receive(receive, loop, gone)
-    try:
-        return await opening
-    except asyncio.CancelledError:
-        if left and task.uncancel() == 0:
-            raise _ClientLeft from None
-        raise
-    finally:
-        armed = False
-        if watch_disconnect is not None:
-            watch_disconnect(None)
-        if unwatch is not None:
-            unwatch()
-
-
-def _watch_receive(
-    receive: Receive, loop: asyncio.AbstractEventLoop, gone: Callable[[], None]
-) -> Callable[[], None]:
-    """Call ``gone`` when the next ASGI message ``receive`` gives is the client's
-    disconnect (served by anything but the router's own HTTP protocol); returns
-    what stops the watch.
-
-    (A function of its own: ``watch`` and ``on_message`` refer to each other, a
-    reference cycle the collector would have to find for every request were they
-    made on the router's own path.)
-    """
-    armed = True
-    watcher: asyncio.Future[Message] | None = None
-
-    def watch() -> None:
-        nonlocal watcher
-        watcher = loop.create_task(receive())  # type: ignore[arg-type]
-        watcher.add_done_callback(on_message)
-
-    def on_message(done: asyncio.Future[Message]) -> None:
-        if not armed or done.cancelled() or done.exception() is not None:
-            return
-        if done.result()["type"] == "http.disconnect":
-            gone()
-        else:  # not a disconnect (none is expected): keep watching
-            watch()
-
-    def unwatch() -> None:
-        nonlocal armed
-        armed = False
-        if watcher is not None:
-            watcher.cancel()
-
-    watch()
-    return unwatch
 
 
 _CLOSE = (b"connection", b"close")

@@ -95,8 +95,9 @@ class Reopened:
     """The answer of a re-home's ``initialize`` on a live replica."""
 
     status: int
-    #: The new session's id on that replica (None unless a 200 named a valid one).
-    session: str | None
+    #: The new session's id on that replica, its ``upstream_id`` in the session's
+    #: route (None unless a 200 named a valid one).
+    upstream_id: str | None
     #: The principal digest the replica reported (``""`` without auth).
     principal: str
     #: False when the replica's app opted out of re-homing.
@@ -146,26 +147,26 @@ async def reopen(
         answer = await resp.read()
     finally:
         resp.release()
-    created = resp.headers.get(SESSION_HEADER)
-    session = created if resp.status == 200 and created and valid_session_id(created) else None
+    named = resp.headers.get(SESSION_HEADER)
+    upstream_id = named if resp.status == 200 and named and valid_session_id(named) else None
     version = _result_version(
         answer, resp.headers.get("content-type") or "", str(record.params["protocolVersion"])
     )
     reopened = Reopened(
         status=resp.status,
-        session=session,
+        upstream_id=upstream_id,
         principal=resp.headers.get(PRINCIPAL_HEADER) or "",
         allowed=resp.headers.get(REHOME_HEADER) != "0",
         version=version,
         raw_headers=list(resp.raw_headers),
         body=answer,
     )
-    if session is None or not reopened.allowed or reopened.principal != record.principal:
+    if upstream_id is None or not reopened.allowed or reopened.principal != record.principal:
         return reopened
     note = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
     session_headers = headers + (
         b"mcp-session-id: %s\r\nmcp-protocol-version: %s\r\n"
-        % (session.encode("latin-1"), version.encode("latin-1"))
+        % (upstream_id.encode("latin-1"), version.encode("latin-1"))
     )
     ack = await pool.request(address, b"POST", MCP_PATH.encode(), session_headers, note)
     try:
@@ -178,13 +179,14 @@ async def reopen(
 
 
 async def close_session(
-    pool: Pool, address: str, client_headers: list[tuple[bytes, bytes]], session: str
+    pool: Pool, address: str, client_headers: list[tuple[bytes, bytes]], upstream_id: str
 ) -> None:
-    """DELETE a session the router opened and will not use (best effort, caller-bounded)."""
+    """DELETE a session the router opened on the replica at ``address`` and will not
+    use (``upstream_id``: that replica's id for it; best effort, caller-bounded)."""
     base = forward_header_block(
         [(k, v) for k, v in client_headers if k.lower() not in _NOT_FOR_REINIT], None
     )
-    headers = base + b"mcp-session-id: %s\r\n" % session.encode("latin-1")
+    headers = base + b"mcp-session-id: %s\r\n" % upstream_id.encode("latin-1")
     resp = await pool.request(address, b"DELETE", MCP_PATH.encode(), headers, b"")
     try:
         await resp.read()
