@@ -417,6 +417,36 @@ async def test_a_stream_outlives_the_header_and_body_deadlines(
     assert str(result.data) == "ticked 4 times"
 
 
+def _router_in_flight(lf: LocalFleet) -> float:
+    text = httpx.get(f"http://127.0.0.1:{lf.router_ports[0]}/metrics", timeout=5).text
+    (line,) = [
+        ln for ln in text.splitlines() if ln.startswith("mcpfleet_router_requests_in_flight ")
+    ]
+    return float(line.split()[1])
+
+
+async def test_the_routers_requests_in_flight_count_an_open_stream_until_it_ends(
+    impatient_fleet: LocalFleet,
+) -> None:
+    """What router.autoscaling.mcp scales the routers on: a streaming tool call is in
+    flight for as long as its stream lasts, and nothing is once it ended."""
+    from mcpfleet.client import connect
+
+    assert await asyncio.to_thread(_router_in_flight, impatient_fleet) == 0
+    async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
+        call = asyncio.create_task(client.call_tool("ticker", {"count": 3, "interval": 1.0}))
+        await asyncio.sleep(1.5)
+        during = await asyncio.to_thread(_router_in_flight, impatient_fleet)
+        assert str((await call).data) == "ticked 3 times"
+    await asyncio.to_thread(
+        wait_for,
+        lambda: _router_in_flight(impatient_fleet) == 0,
+        timeout=10,
+        what="the router's requests in flight back to 0",
+    )
+    assert during >= 1
+
+
 @pytest.mark.parametrize(
     ("headers", "refusal"),
     [

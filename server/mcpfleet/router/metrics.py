@@ -20,6 +20,16 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        #: Proxied requests being handled now (their answers' streams included): one
+        #: integer the event loop moves, read only when scraped.
+        self.in_flight = 0
+        Gauge(
+            "mcpfleet_router_requests_in_flight",
+            "Requests the router is handling now, open streams (GET streams, listen "
+            "streams, a paused tool's response) included; what router.autoscaling.mcp "
+            "scales the routers on.",
+            registry=r,
+        ).set_function(self._in_flight)
         self.requests = Counter(
             "mcpfleet_router_requests_total",
             "Requests the router handled, by route kind and outcome.",
@@ -98,6 +108,9 @@ class RouterMetrics:
             ["route"],
             registry=r,
         )
+
+    def _in_flight(self) -> float:
+        return float(self.in_flight)
 
     def request_done(self, route: str, outcome: str) -> None:
         """Count one request: its labelled child looked up once, then kept (a

@@ -268,10 +268,14 @@ class Router:
             await send({"type": "http.response.body", "body": body})
             return
         started = time.perf_counter()
-        if tracing.ON:
-            route, outcome = await self._traced(scope, receive, send, started)
-        else:
-            route, outcome = await self._route(scope, receive, send, started)
+        self.metrics.in_flight += 1
+        try:
+            if tracing.ON:
+                route, outcome = await self._traced(scope, receive, send, started)
+            else:
+                route, outcome = await self._route(scope, receive, send, started)
+        finally:
+            self.metrics.in_flight -= 1
         self.metrics.request_done(route, outcome)
 
     async def _traced(
