@@ -72,8 +72,17 @@ TASKS_ONLY_PANELS = {
     "mcpfleet / Rounds / Task failure ratio per tool",
     "mcpfleet / Rounds / Task queue: waiting and running",
     "mcpfleet / Rounds / Task input requests per tool",
+    "mcpfleet / Routing / Task signals per replica",
 }
 TASKS_ONLY_ALERTS = {"McpfleetTaskQueueGrowing", "McpfleetTasksFailing"}
+#: Panels over kube-state-metrics' HPA series: only a cluster runs it.
+NEEDS_KSM = "needs kube-state-metrics and an HPA (cluster)"
+KSM_ONLY_PANELS = {
+    "mcpfleet / Routing / Server replicas: desired, current and max (HPA)",
+    "mcpfleet / Routing / Router replicas: desired, current and max (HPA)",
+    "mcpfleet / Routing / Triggers against their targets (HPA)",
+    "mcpfleet / Routing / Trigger targets (HPA)",
+}
 RARE_OUTCOME_ALERTS = {"McpfleetRouterErrorRatioHigh", "McpfleetSessionCapReached"}
 ROUTER_OUTCOMES = {o.value for o in RequestOutcome} | {f.value for f in Failure}
 _OUTCOME = re.compile(r',?\s*outcome=~?"([^"]*)"')
@@ -286,12 +295,16 @@ def _check(obs: Observed, what: str, expr: str, metrics: set[str]) -> str | None
 
 
 def test_every_dashboard_query_returns_series(observed: Observed) -> None:
-    failures, cluster_only, tasks_only = [], [], []
+    failures, cluster_only, tasks_only, ksm_only = [], [], [], []
     queries = monitoring.panel_queries()
     assert len(queries) >= 30
     for q in queries:
         expr = monitoring.substitute(q.expr, observed.fleet.fleet)
         what = f"{q.dashboard} / {q.panel}"
+        if q.needs_kube_state_metrics:
+            observed.prom.query(expr)  # valid PromQL all the same (raises if not)
+            ksm_only.append(what)
+            continue
         if q.needs_tasks:
             observed.prom.query(expr)  # valid PromQL all the same (raises if not)
             tasks_only.append(what)
@@ -305,9 +318,11 @@ def test_every_dashboard_query_returns_series(observed: Observed) -> None:
             failures.append(problem)
     print("\n".join(f"{c}: {NEEDS_OPERATOR}" for c in sorted(set(cluster_only))))
     print("\n".join(f"{c}: {NEEDS_TASKS}" for c in sorted(set(tasks_only))))
+    print("\n".join(f"{c}: {NEEDS_KSM}" for c in sorted(set(ksm_only))))
     assert failures == [], "\n".join(failures)
     assert set(cluster_only) == CLUSTER_ONLY_PANELS
     assert set(tasks_only) == TASKS_ONLY_PANELS
+    assert set(ksm_only) == KSM_ONLY_PANELS
 
 
 def test_every_alert_expression_is_valid_and_names_exported_series(observed: Observed) -> None:
