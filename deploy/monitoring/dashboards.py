@@ -860,7 +860,7 @@ def routing_dashboard() -> dict[str, Any]:
         "mcpfleet-routing",
         "mcpfleet / Routing",
         "The sticky router and the replicas behind it: sessions, traffic kinds, owner-gone "
-        "404s, resends, Redis health and proxy latency.",
+        "404s, resends, Redis health, proxy latency, and the autoscaler against its targets.",
         [
             (
                 "Sessions and replicas",
