@@ -695,6 +695,163 @@ def keyring_dashboard() -> dict[str, Any]:
     )
 
 
+# --- the Autoscaling row (mcpfleet / Routing): the HPA KEDA makes, and its signals ---------
+
+#: The HorizontalPodAutoscaler of a fleet's servers (routers) is named like their
+#: Deployment, ``<fullname>-server`` (``-router``): the ScaledObject's
+#: ``advanced.horizontalPodAutoscalerConfig.name``, or the chart's own CPU HPA. That is
+#: also the ``job`` label the chart's ServiceMonitor gives their metrics, so the HPAs of
+#: the fleets shown are those whose name is a job of these metrics: no regex on names,
+#: no other HPA of the namespace.
+SERVER_JOBS = f"max by (namespace, job) (mcpfleet_replica_build_info{{{NS}}})"
+ROUTER_JOBS = f"max by (namespace, job) (mcpfleet_router_replicas{{{NS}}})"
+
+
+def _hpa_of(jobs: str) -> str:
+    """The fleet's jobs relabelled as HPA names, to join kube-state-metrics' HPA series."""
+    return f'label_replace({jobs}, "horizontalpodautoscaler", "$1", "job", "(.+)")'
+
+
+def _hpa(metric: str, jobs: str) -> str:
+    """A kube-state-metrics HPA series of the fleet's HPAs only (``and on`` their names)."""
+    return (
+        f"max by (horizontalpodautoscaler) (kube_horizontalpodautoscaler_{metric}{{{NS}}} "
+        f"and on (namespace, horizontalpodautoscaler) {_hpa_of(jobs)})"
+    )
+
+
+#: Each trigger's current value over its target, as the HPA computes them
+#: (kube-state-metrics' status and spec target metrics, matched per metric and type).
+HPA_RATIO = (
+    "max by (horizontalpodautoscaler, metric_name) ("
+    f"(kube_horizontalpodautoscaler_status_target_metric{{{NS}}} "
+    "/ on (namespace, horizontalpodautoscaler, metric_name, metric_target_type) "
+    f"kube_horizontalpodautoscaler_spec_target_metric{{{NS}}}) "
+    f"and on (namespace, horizontalpodautoscaler) {_hpa_of(SERVER_JOBS + ' or ' + ROUTER_JOBS)})"
+)
+HPA_TARGETS = (
+    "max by (horizontalpodautoscaler, metric_name, metric_target_type) ("
+    f"kube_horizontalpodautoscaler_spec_target_metric{{{NS}}} "
+    f"and on (namespace, horizontalpodautoscaler) {_hpa_of(SERVER_JOBS + ' or ' + ROUTER_JOBS)})"
+)
+#: The replicas a per-replica signal is divided by: those scraped, per fleet (the HPA
+#: divides by the Deployment's replicas; they differ while a Pod starts or drains).
+REPLICAS = f"count by (namespace, job) (mcpfleet_replica_build_info{{{NS}}})"
+
+
+def _per_replica(agg: str, metric: str) -> str:
+    """A ScaledObject's query over the replicas (``sum`` or ``max``) divided by the replicas."""
+    return f"{agg} by (namespace, job) ({metric}{{{NS}}}) / {REPLICAS}"
+
+
+def _replicas_panel(component: str, jobs: str) -> PanelSpec:
+    return PanelSpec(
+        f"{component.capitalize()} replicas: desired, current and max (HPA)",
+        f"The {component}s' HorizontalPodAutoscaler (<fullname>-{component}, made by KEDA with "
+        f"{component}.autoscaling.mcp, else the chart's CPU HPA): the replicas it wants, "
+        "those it has, and its maxReplicas. Desired above current is a scale-out under "
+        "way; current at max with a trigger over its target is McpfleetAutoscalerAtMax. "
+        "From kube-state-metrics.",
+        "short",
+        (
+            Query(_hpa("status_desired_replicas", jobs), "{{horizontalpodautoscaler}} desired"),
+            Query(_hpa("status_current_replicas", jobs), "{{horizontalpodautoscaler}} current"),
+            Query(_hpa("spec_max_replicas", jobs), "{{horizontalpodautoscaler}} max"),
+        ),
+    )
+
+
+def autoscaling_row() -> tuple[str, list[PanelSpec]]:
+    """The HPA's replicas and each signal against its target (docs/autoscaling.md).
+
+    The targets are the chart's values, different per release, while the dashboards
+    are one JSON for every release: they are read from the HPA itself, through
+    kube-state-metrics, and the signals are computed here as the ScaledObject's queries.
+    """
+    return (
+        "Autoscaling",
+        [
+            _replicas_panel("server", SERVER_JOBS),
+            _replicas_panel("router", ROUTER_JOBS),
+            PanelSpec(
+                "Triggers against their targets (HPA)",
+                "Each metric of the HPAs as the HPA reads it, over its target: 1 is at the "
+                "target; over 1 (1.1 with the HPA's default tolerance) the HPA adds replicas "
+                "unless it is at maxReplicas. KEDA names its Prometheus triggers s0-prometheus, "
+                "s1-prometheus, ... in the ScaledObject's order (kubectl get scaledobject "
+                "<fullname>-server -o jsonpath='{.spec.triggers[*].name}'): sessions, "
+                "rounds-in-flight, listen-streams, tasks-running, tasks-queued, "
+                "initialize-refused, less those set to 0; cpu is the CPU trigger. From "
+                "kube-state-metrics.",
+                "percentunit",
+                (Query(HPA_RATIO, "{{horizontalpodautoscaler}} {{metric_name}}"),),
+            ),
+            PanelSpec(
+                "Trigger targets (HPA)",
+                "Each HPA metric's target: average (per replica, AverageValue), value "
+                "(fleet-wide, Value) or utilization (CPU %). The per-replica signals below "
+                "are measured against these. From kube-state-metrics.",
+                "short",
+                (
+                    Query(
+                        HPA_TARGETS,
+                        "{{horizontalpodautoscaler}} {{metric_name}} {{metric_target_type}}",
+                        table=True,
+                    ),
+                ),
+                kind="table",
+            ),
+            PanelSpec(
+                "Server signals per replica",
+                "The ScaledObject's per-replica signals: live handshake sessions "
+                "(target sessionCapFraction x router.sessionCap), requests in flight "
+                "(roundsInFlight) and listen streams (listenStreamsFraction x "
+                "server.listenStreams), each summed over the replicas and divided by them.",
+                "short",
+                (
+                    Query(_per_replica("sum", "mcpfleet_replica_sessions"), "{{job}} sessions"),
+                    Query(
+                        _per_replica("sum", "mcpfleet_replica_requests_in_flight"),
+                        "{{job}} rounds in flight",
+                    ),
+                    Query(_per_replica("sum", "mcpfleet_listen_streams"), "{{job}} listen streams"),
+                ),
+            ),
+            PanelSpec(
+                "Task signals per replica",
+                "Task executions the workers run (target tasksRunningFraction x "
+                "server.tasks.concurrency) and tasks waiting in the fleet's queue (its depth, "
+                "the highest reading; target tasksQueuedPerReplica), each per replica. Only "
+                "apps with task tools have them.",
+                "short",
+                (
+                    Query(_per_replica("sum", "mcpfleet_tasks_running"), "{{job}} tasks running"),
+                    Query(
+                        _per_replica("max", "mcpfleet_tasks_queue_depth"), "{{job}} tasks queued"
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "initialize refused for capacity",
+                "New handshake sessions the routers refused because every replica is at its "
+                "session cap, per second, fleet-wide (a Value trigger: target "
+                "refusedInitializePerSecond). 0 while none is refused.",
+                "reqps",
+                (
+                    Query(
+                        "sum by (namespace) (rate(mcpfleet_router_requests_total"
+                        f'{{{NS},route="initialize",outcome="no_replica"}}[{RATE}])) '
+                        "or sum by (namespace) (0 * rate(mcpfleet_router_requests_total"
+                        f'{{{NS},route="initialize"}}[{RATE}]))',
+                        "{{namespace}}",
+                    ),
+                ),
+                width=24,
+            ),
+        ],
+    )
+
+
 # --- mcpfleet / Routing ------------------------------------------------------------------
 
 
@@ -703,7 +860,7 @@ def routing_dashboard() -> dict[str, Any]:
         "mcpfleet-routing",
         "mcpfleet / Routing",
         "The sticky router and the replicas behind it: sessions, traffic kinds, owner-gone "
-        "404s, resends, Redis health and proxy latency.",
+        "404s, resends, Redis health, proxy latency, and the autoscaler against its targets.",
         [
             (
                 "Sessions and replicas",
@@ -819,6 +976,7 @@ def routing_dashboard() -> dict[str, Any]:
                     ),
                 ],
             ),
+            autoscaling_row(),
         ],
     )
 

@@ -72,8 +72,18 @@ TASKS_ONLY_PANELS = {
     "mcpfleet / Rounds / Task failure ratio per tool",
     "mcpfleet / Rounds / Task queue: waiting and running",
     "mcpfleet / Rounds / Task input requests per tool",
+    "mcpfleet / Routing / Task signals per replica",
 }
 TASKS_ONLY_ALERTS = {"McpfleetTaskQueueGrowing", "McpfleetTasksFailing"}
+#: Panels and alerts over kube-state-metrics' HPA series: only a cluster runs it.
+NEEDS_KSM = "needs kube-state-metrics and an HPA (cluster)"
+KSM_ONLY_PANELS = {
+    "mcpfleet / Routing / Server replicas: desired, current and max (HPA)",
+    "mcpfleet / Routing / Router replicas: desired, current and max (HPA)",
+    "mcpfleet / Routing / Triggers against their targets (HPA)",
+    "mcpfleet / Routing / Trigger targets (HPA)",
+}
+KSM_ONLY_ALERTS = {"McpfleetAutoscalerAtMax"}
 RARE_OUTCOME_ALERTS = {"McpfleetRouterErrorRatioHigh", "McpfleetSessionCapReached"}
 ROUTER_OUTCOMES = {o.value for o in RequestOutcome} | {f.value for f in Failure}
 _OUTCOME = re.compile(r',?\s*outcome=~?"([^"]*)"')
@@ -286,12 +296,16 @@ def _check(obs: Observed, what: str, expr: str, metrics: set[str]) -> str | None
 
 
 def test_every_dashboard_query_returns_series(observed: Observed) -> None:
-    failures, cluster_only, tasks_only = [], [], []
+    failures, cluster_only, tasks_only, ksm_only = [], [], [], []
     queries = monitoring.panel_queries()
     assert len(queries) >= 30
     for q in queries:
         expr = monitoring.substitute(q.expr, observed.fleet.fleet)
         what = f"{q.dashboard} / {q.panel}"
+        if q.needs_kube_state_metrics:
+            observed.prom.query(expr)  # valid PromQL all the same (raises if not)
+            ksm_only.append(what)
+            continue
         if q.needs_tasks:
             observed.prom.query(expr)  # valid PromQL all the same (raises if not)
             tasks_only.append(what)
@@ -305,17 +319,22 @@ def test_every_dashboard_query_returns_series(observed: Observed) -> None:
             failures.append(problem)
     print("\n".join(f"{c}: {NEEDS_OPERATOR}" for c in sorted(set(cluster_only))))
     print("\n".join(f"{c}: {NEEDS_TASKS}" for c in sorted(set(tasks_only))))
+    print("\n".join(f"{c}: {NEEDS_KSM}" for c in sorted(set(ksm_only))))
     assert failures == [], "\n".join(failures)
     assert set(cluster_only) == CLUSTER_ONLY_PANELS
     assert set(tasks_only) == TASKS_ONLY_PANELS
+    assert set(ksm_only) == KSM_ONLY_PANELS
 
 
 def test_every_alert_expression_is_valid_and_names_exported_series(observed: Observed) -> None:
-    failures, cluster_only, tasks_only = [], [], []
+    failures, cluster_only, tasks_only, ksm_only = [], [], [], []
     for alert in monitoring.alerts():
         observed.prom.query(alert.expr)  # the whole expression evaluates (raises if not)
         if monitoring.needs_tasks(alert.expr):
             tasks_only.append(alert.name)
+            continue
+        if monitoring.needs_kube_state_metrics(alert.expr):
+            ksm_only.append(alert.name)
             continue
         for selector in alert.selectors():
             metric = selector.split("{")[0]
@@ -341,9 +360,11 @@ def test_every_alert_expression_is_valid_and_names_exported_series(observed: Obs
                 failures.append(f"{alert.name}: labels {sorted(missing)} not exported")
     print("\n".join(f"{c}: {NEEDS_OPERATOR}" for c in sorted(set(cluster_only))))
     print("\n".join(f"{c}: {NEEDS_TASKS}" for c in sorted(set(tasks_only))))
+    print("\n".join(f"{c}: {NEEDS_KSM}" for c in sorted(set(ksm_only))))
     assert failures == [], "\n".join(failures)
     assert set(cluster_only) == CLUSTER_ONLY_ALERTS
     assert set(tasks_only) == TASKS_ONLY_ALERTS
+    assert set(ksm_only) == KSM_ONLY_ALERTS
 
 
 def test_prometheus_loads_and_evaluates_every_alert_rule(observed: Observed) -> None:

@@ -290,7 +290,7 @@ def test_the_replicas_count_tasks_by_tool_and_status_and_read_the_queues_depth(
         for name, labels in samples:
             exported.setdefault(name, set()).update(k for k, _ in labels)
     # What the dashboard's Tasks row and the task alerts read is what the replicas export
-    # (namespace and pod are the scrape's own labels).
+    # (namespace, job and pod are the scrape's own labels).
     exprs = [q.expr for q in monitoring.panel_queries() if q.needs_tasks]
     exprs += [a.expr for a in monitoring.alerts() if monitoring.needs_tasks(a.expr)]
     assert len(exprs) >= 7
@@ -300,7 +300,7 @@ def test_the_replicas_count_tasks_by_tool_and_status_and_read_the_queues_depth(
         )
         for metric in {m for m in _METRIC.findall(expr) if m.startswith("mcpfleet_tasks_")}:
             assert metric in exported, (metric, expr)
-            assert used - {"namespace", "pod", ""} <= exported[metric] | {"le"}, (used, expr)
+            assert used - {"namespace", "job", "pod", ""} <= exported[metric] | {"le"}, (used, expr)
 
 
 def test_a_task_request_whose_mcp_name_names_another_task_is_refused(

@@ -32,6 +32,8 @@ EXPECTED = {
     "McpfleetKeyRotationAbandonedTasks",
     # Notifications: events dropped before reaching listen streams.
     "McpfleetEventsDropped",
+    # Autoscaling: the servers' HPA at maxReplicas with a trigger over its target.
+    "McpfleetAutoscalerAtMax",
 }
 
 

@@ -42,6 +42,16 @@ def needs_tasks(expr: str) -> bool:
     return TASKS_PREFIX in expr
 
 
+#: kube-state-metrics' series of the HorizontalPodAutoscalers (the Autoscaling row,
+#: McpfleetAutoscalerAtMax): data only on a cluster that runs kube-state-metrics.
+KSM_PREFIX = "kube_horizontalpodautoscaler_"
+
+
+def needs_kube_state_metrics(expr: str) -> bool:
+    """True for an expression over kube-state-metrics' HPA series (a cluster)."""
+    return KSM_PREFIX in expr
+
+
 _OPERATOR_UP = re.compile(r"\bup\{[^}]*" + re.escape(OPERATOR_JOB))
 
 
@@ -81,6 +91,10 @@ class PanelQuery:
     @property
     def needs_tasks(self) -> bool:
         return any(m.startswith(TASKS_PREFIX) for m in self.metrics)
+
+    @property
+    def needs_kube_state_metrics(self) -> bool:
+        return needs_kube_state_metrics(self.expr)
 
 
 def dashboards() -> dict[str, dict[str, Any]]:
