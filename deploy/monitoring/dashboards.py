@@ -846,7 +846,20 @@ def autoscaling_row() -> tuple[str, list[PanelSpec]]:
                         "{{namespace}}",
                     ),
                 ),
-                width=24,
+            ),
+            PanelSpec(
+                "Router requests in flight per router",
+                "Requests each router handles now, open streams included, averaged over "
+                "the routers (target router.autoscaling.mcp.requestsInFlight).",
+                "short",
+                (
+                    Query(
+                        "sum by (namespace, job) (mcpfleet_router_requests_in_flight"
+                        f"{{{NS}}}) / count by (namespace, job) "
+                        f"(mcpfleet_router_requests_in_flight{{{NS}}})",
+                        "{{job}}",
+                    ),
+                ),
             ),
         ],
     )
