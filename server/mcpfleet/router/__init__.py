@@ -1,6 +1,6 @@
 """The sticky router, one job per module, from the process down to the bytes:
 
-* ``serve``: the router process (uvicorn, its signals); ``proxy``: the ASGI
+* ``process``: the router process (uvicorn, its signals); ``proxy``: the ASGI
   application, its lifecycle, and the dispatch of each admitted request;
 * ``admission``: the judgement of each request before it is routed;
   ``exchange``: a request as one value, and the answers the router makes itself;
