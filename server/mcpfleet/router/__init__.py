@@ -18,6 +18,6 @@
 * ``decisions``: the pure routing decisions; ``refused``: credentials a replica
   refused under a rate, refused here until their time; ``metrics``: the
   router's Prometheus metrics;
-* ``upstream``: the forwarding to a replica and the relay back; ``h1``: its
+* ``upstream``: the forwarding to a replica and the relay back; ``h1client``: its
   HTTP/1.1 client; ``http``: the router's own HTTP protocol with read timeouts.
 """

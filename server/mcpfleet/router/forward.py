@@ -23,7 +23,7 @@ from mcpfleet import tracing
 from mcpfleet.contract import DRAINING_HEADER, SESSION_HEADER
 from mcpfleet.router.decisions import RouteKind, cancellations, valid_session_id
 from mcpfleet.router.exchange import Exchange
-from mcpfleet.router.h1 import Response
+from mcpfleet.router.h1client import Response
 from mcpfleet.router.http import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.refused import RefusedCredentials

@@ -34,7 +34,7 @@ from mcpfleet.limits import (
     parse_refused,
 )
 from mcpfleet.router.exchange import Exchange, respond
-from mcpfleet.router.h1 import Response
+from mcpfleet.router.h1client import Response
 
 __all__ = ["RefusedCredentials"]
 
