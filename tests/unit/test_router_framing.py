@@ -2,7 +2,7 @@
 
 The upstream response reader (:class:`mcpfleet.router.h1client._Conn`, a fake
 transport) and the request reader (the router's uvicorn protocol from
-:func:`mcpfleet.router.http.bounded_protocol`, a fake client transport that
+:func:`mcpfleet.router.h1server.bounded_protocol`, a fake client transport that
 honours ``pause_reading`` and an ASGI app that records each request) get each
 message whole, split in two at every byte boundary, byte by byte, in reads of
 fixed sizes, and coalesced with what follows it (an interim answer with its
@@ -37,7 +37,7 @@ from uvicorn.server import ServerState
 
 from mcpfleet.router import h1client
 from mcpfleet.router.h1client import MAX_RESPONSE_HEADER_BYTES
-from mcpfleet.router.http import HEADER_FRAMING_ALLOWANCE, bounded_protocol
+from mcpfleet.router.h1server import HEADER_FRAMING_ALLOWANCE, bounded_protocol
 
 # --- how a message is split ---------------------------------------------------------
 

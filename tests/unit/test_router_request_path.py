@@ -24,7 +24,7 @@ from uvicorn.server import ServerState
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import Attestation
 from mcpfleet.router import h1client
-from mcpfleet.router.http import body_arrived, bounded_protocol
+from mcpfleet.router.h1server import body_arrived, bounded_protocol
 from mcpfleet.router.proxy import Router
 from mcpfleet.router.replicas import merge_registry
 

@@ -19,5 +19,5 @@
   refused under a rate, refused here until their time; ``metrics``: the
   router's Prometheus metrics;
 * ``upstream``: the forwarding to a replica and the relay back; ``h1client``: its
-  HTTP/1.1 client; ``http``: the router's own HTTP protocol with read timeouts.
+  HTTP/1.1 client; ``h1server``: the router's own HTTP protocol with read timeouts.
 """
