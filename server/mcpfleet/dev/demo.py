@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mcpfleet.client import Era, Trace, connect
+from mcpfleet.fleetclient import Era, Trace, connect
 
 __all__ = ["run_demo"]
 
