@@ -1,4 +1,4 @@
-"""``mcpfleet demo``: runs the booking flow through a fleet and shows where each round lands."""
+"""``mcpfleet demo``'s booking flow: book a flight through a fleet, show where each round lands."""
 
 from __future__ import annotations
 
