@@ -41,6 +41,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet import tracing
+from mcpfleet.answers import send_whole
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import (
     LOST_AT_DRAIN_DEADLINE,
@@ -48,7 +49,6 @@ from mcpfleet.contract import (
     Attestation,
     RedisKeys,
 )
-from mcpfleet.httpio import send_whole
 from mcpfleet.keys.codec import ReloadableCodec
 from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing

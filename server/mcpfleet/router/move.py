@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 from starlette.types import Message, Scope, Send
 
+from mcpfleet.answers import ErrorCode, send_whole
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import Attestation
-from mcpfleet.httpio import ErrorCode, send_whole
 from mcpfleet.router.decisions import Candidate, place_session
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later, session_not_found
 from mcpfleet.router.gone import Lost, OwnerGone

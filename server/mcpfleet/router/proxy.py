@@ -65,9 +65,9 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from mcpfleet import tracing
+from mcpfleet.answers import ErrorCode, jsonrpc_error
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import MCP_PATH, RedisKeys
-from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import parses_as_json
 from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect
