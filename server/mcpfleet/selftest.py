@@ -28,8 +28,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 
-from mcpfleet.client import Era, Trace, connect
 from mcpfleet.contract import REPLICA_HEADER, SESSION_HEADER
+from mcpfleet.fleetclient import Era, Trace, connect
 
 #: The protocol version each era's unauthenticated probe announces.
 PROTOCOL: dict[Era, str] = {"modern": "2026-07-28", "handshake": "2025-11-25"}

@@ -29,9 +29,9 @@ from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet, ready
 from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
-from mcpfleet.client import Trace, connect
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
 from mcpfleet.example.app import WEEKLY_REPORT
+from mcpfleet.fleetclient import Trace, connect
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -34,7 +34,7 @@ from fleetkit.clients.traffic import traffic
 from fleetkit.cluster.chartfleet import ChartFleet, ready
 from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
-from mcpfleet.client import Trace, connect
+from mcpfleet.fleetclient import Trace, connect
 
 pytestmark = pytest.mark.timeout(1200)
 

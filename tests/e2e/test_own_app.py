@@ -32,7 +32,7 @@ from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet
 from fleetkit.cluster.chartkit import CHART, OWN_APP_VALUES
 from fleetkit.cluster.controlplane import repo_root, tools_bin_dir, wait_for
 from fleetkit.cluster.providers import Cluster
-from mcpfleet.client import Era, Trace, connect
+from mcpfleet.fleetclient import Era, Trace, connect
 from mcpfleet.selftest import selftest
 
 pytestmark = pytest.mark.timeout(900)

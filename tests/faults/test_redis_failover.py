@@ -28,9 +28,9 @@ import pytest
 
 from fleetkit.clients.wire import initialize_body
 from fleetkit.failover import FLEET, HEADERS, sentinel_fleet
-from mcpfleet.client import connect
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.fleetclient import connect
 
 from .conftest import FaultTable
 

@@ -14,8 +14,8 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.clients.wire import modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.fleetclient import Trace, connect, default_answer
 
 from .conftest import watched
 

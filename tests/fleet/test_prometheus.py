@@ -30,9 +30,9 @@ from mcp_types import ElicitResult
 from fleetkit import monitoring, scenarios
 from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.client import connect
 from mcpfleet.dev.localprom import LocalPrometheus
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.fleetclient import connect
 from mcpfleet.keys.files import write_ring, write_volume
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.router.exchange import RequestOutcome

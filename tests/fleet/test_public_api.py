@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.client import Trace, connect
 from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.fleetclient import Trace, connect
 
 from .conftest import shared
 

@@ -30,9 +30,9 @@ from fleetkit.clusterrig import RedisClusterRig, cluster_fleet, redis_cluster
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, acl_log
 from mcpfleet import redisconn
-from mcpfleet.client import connect
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.example.app import WEEKLY_REPORT
+from mcpfleet.fleetclient import connect
 from mcpfleet.once import ONCE_META_KEY, RETRY_CODE
 from mcpfleet.registry import read_replicas, read_replicas_sync
 

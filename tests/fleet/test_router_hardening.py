@@ -410,7 +410,7 @@ def test_a_stalled_body_gets_a_json_rpc_408(impatient_fleet: LocalFleet) -> None
 async def test_a_stream_outlives_the_header_and_body_deadlines(
     impatient_fleet: LocalFleet,
 ) -> None:
-    from mcpfleet.client import connect
+    from mcpfleet.fleetclient import connect
 
     async with connect(impatient_fleet.url, "handshake", timeout=30) as client:
         result = await client.call_tool("ticker", {"count": 4, "interval": 1.0})
@@ -430,7 +430,7 @@ async def test_the_routers_requests_in_flight_count_an_open_stream_until_it_ends
 ) -> None:
     """What router.autoscaling.mcp scales the routers on: a streaming tool call is in
     flight for as long as its stream lasts, and nothing is once it ended."""
-    from mcpfleet.client import connect
+    from mcpfleet.fleetclient import connect
 
     assert await asyncio.to_thread(_router_in_flight, impatient_fleet) == 0
     async with connect(impatient_fleet.url, "handshake", timeout=30) as client:

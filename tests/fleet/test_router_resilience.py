@@ -19,9 +19,9 @@ import redis
 from fleetkit.clients.traffic import Traffic
 from fleetkit.clients.wire import MODERN, MODERN_META, accept, initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import REPLICA_HEADER, ROUTER_ERROR_HEADER, RedisKeys
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.fleetclient import Trace, connect, default_answer
 
 from .conftest import watched
 

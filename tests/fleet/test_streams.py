@@ -13,9 +13,9 @@ import pytest
 
 from fleetkit.clients.wire import MODERN, MODERN_META
 from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.client import connect
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.fleetclient import connect
 
 from .conftest import shared
 

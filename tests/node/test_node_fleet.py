@@ -30,8 +30,8 @@ from fleetkit.cluster.nodefleet import (
     node_fleet,
 )
 from fleetkit.failure import explain_on_failure
-from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
+from mcpfleet.fleetclient import Trace, connect, default_answer
 
 from .conftest import NODE_START_TIMEOUT
 

@@ -56,7 +56,7 @@ BAD_IMPORTS = [
     ("server/mcpfleet/router/decisions.py", "import mcpfleet.replica.gate", "router-replica"),
     ("server/mcpfleet/contract.py", "import mcpfleet.registry", "server-layers"),
     ("server/mcpfleet/guard.py", "import kubernetes", "kubernetes-in-operator"),
-    ("server/mcpfleet/dev/demo.py", "from kopf import on", "kubernetes-in-operator"),
+    ("server/mcpfleet/dev/booking.py", "from kopf import on", "kubernetes-in-operator"),
     ("server/mcpfleet/once/_redis.py", "import redis", "redis-in-redisconn"),
     ("server/mcpfleet/config/_types.py", "import mcpfleet_operator.api", "server-without-operator"),
     ("operator/mcpfleet_operator/rotation.py", "import kopf", "operator-pure-core"),

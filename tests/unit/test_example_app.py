@@ -8,8 +8,8 @@ import pytest
 from fastmcp import Client
 from mcp_types import ElicitResult
 
-from mcpfleet.client import default_answer
 from mcpfleet.example.app import app
+from mcpfleet.fleetclient import default_answer
 
 ERAS = ["auto", "legacy"]
 

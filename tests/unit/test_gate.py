@@ -14,7 +14,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from mcpfleet.httpio import send_whole
+from mcpfleet.answers import send_whole
 from mcpfleet.replica.gate import GateState, ReplicaGate
 
 

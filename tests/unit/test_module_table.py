@@ -80,7 +80,7 @@ def test_every_module_is_in_the_table() -> None:
 def test_a_module_left_out_of_the_table_is_seen() -> None:
     doc = DOC.read_text()
     row = next(line for line in doc.splitlines() if line.startswith("| plumbing |"))
-    assert "httpio" in modules_not_in_table(doc.replace(row + "\n", ""))
+    assert "answers" in modules_not_in_table(doc.replace(row + "\n", ""))
 
 
 @pytest.mark.parametrize("stale", ["keyring", "keydir", "routetable", "devfleet", "routing"])
@@ -126,3 +126,11 @@ def test_the_drawing_shows_the_layers_of_the_contract_in_its_order() -> None:
     # The drawing boxes cli and commands in one frame: one layer each in the contract.
     merged = [expected[0] | expected[1], *expected[2:]]
     assert drawn == merged
+
+
+@pytest.mark.parametrize("package", ["router", "replica"])
+def test_the_package_docstring_names_each_of_its_modules(package: str) -> None:
+    init = ROOT / "server" / "mcpfleet" / package / "__init__.py"
+    named = set(re.findall(r"``(\w+)``", init.read_text()))
+    modules = {p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"}
+    assert modules - named == set(), f"mcpfleet.{package}'s docstring leaves out modules"

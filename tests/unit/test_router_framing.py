@@ -1,8 +1,8 @@
 """The router's two byte parsers fed the same messages split every way, with no sockets.
 
-The upstream response reader (:class:`mcpfleet.router.h1._Conn`, a fake
+The upstream response reader (:class:`mcpfleet.router.h1client._Conn`, a fake
 transport) and the request reader (the router's uvicorn protocol from
-:func:`mcpfleet.router.http.bounded_protocol`, a fake client transport that
+:func:`mcpfleet.router.h1server.bounded_protocol`, a fake client transport that
 honours ``pause_reading`` and an ASGI app that records each request) get each
 message whole, split in two at every byte boundary, byte by byte, in reads of
 fixed sizes, and coalesced with what follows it (an interim answer with its
@@ -18,7 +18,7 @@ an interim answer its final one, of the response-header bound and of the
 stream's end, and one in every 997 of the rest of its bodies.
 
 Then each bound on both sides of it and past it: response headers (interim
-answers' included) at, under and over :data:`~mcpfleet.router.h1.MAX_RESPONSE_HEADER_BYTES`,
+answers' included) at, under and over :data:`~mcpfleet.router.h1client.MAX_RESPONSE_HEADER_BYTES`,
 a replica sending headers without end, request headers at, under and over the
 raw bound, and large bodies with tiny headers, whole and split.
 """
@@ -35,9 +35,9 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from mcpfleet.router import h1
-from mcpfleet.router.h1 import MAX_RESPONSE_HEADER_BYTES
-from mcpfleet.router.http import HEADER_FRAMING_ALLOWANCE, bounded_protocol
+from mcpfleet.router import h1client
+from mcpfleet.router.h1client import MAX_RESPONSE_HEADER_BYTES
+from mcpfleet.router.h1server import HEADER_FRAMING_ALLOWANCE, bounded_protocol
 
 # --- how a message is split ---------------------------------------------------------
 
@@ -134,7 +134,7 @@ def read_responses(
     reads (each drained the way the relay drains it), for each response in turn;
     ``eof``: the replica closes the connection after the last."""
     loop = asyncio.get_running_loop()
-    conn = h1._Conn(loop)
+    conn = h1client._Conn(loop)
     replica = _Replica()
     conn.connection_made(replica)  # type: ignore[arg-type]
     answers = []
@@ -322,7 +322,7 @@ class _Counting:
 
 @pytest.mark.parametrize("read", [100, 4096, 65536, 1 << 20])
 async def test_a_replica_sending_headers_without_end_is_cut_off_at_the_bound(read: int) -> None:
-    conn = h1._Conn(asyncio.get_running_loop())
+    conn = h1client._Conn(asyncio.get_running_loop())
     replica = _Replica()
     conn.connection_made(replica)  # type: ignore[arg-type]
     counting = _Counting(conn.parser)
@@ -334,7 +334,7 @@ async def test_a_replica_sending_headers_without_end_is_cut_off_at_the_bound(rea
         if replica.closed:
             break
         conn.data_received(endless[i : i + read])
-    assert replica.closed and isinstance(headers_done.exception(), h1.Broken)
+    assert replica.closed and isinstance(headers_done.exception(), h1client.Broken)
     assert counting.fed <= MAX_RESPONSE_HEADER_BYTES
 
 

@@ -22,7 +22,7 @@ from mcpfleet.config import RouterConfig
 from mcpfleet.contract import Attestation
 from mcpfleet.router.decisions import Candidate
 from mcpfleet.router.exchange import Exchange, RequestOutcome
-from mcpfleet.router.h1 import ConnectFailed, Headers
+from mcpfleet.router.h1client import ConnectFailed, Headers
 from mcpfleet.router.health import Health
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.rehome import Lost, OwnerGone, Rehomer

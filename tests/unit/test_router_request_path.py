@@ -23,8 +23,8 @@ from uvicorn.server import ServerState
 
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import Attestation
-from mcpfleet.router import h1
-from mcpfleet.router.http import body_arrived, bounded_protocol
+from mcpfleet.router import h1client
+from mcpfleet.router.h1server import body_arrived, bounded_protocol
 from mcpfleet.router.proxy import Router
 from mcpfleet.router.replicas import merge_registry
 
@@ -47,7 +47,7 @@ ADDRESS = "http://10.0.0.1:8000"
 
 
 class _Transport:
-    """Enough of an asyncio transport for uvicorn's protocol and the h1 client."""
+    """Enough of an asyncio transport for uvicorn's protocol and the router's h1client."""
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
@@ -83,7 +83,7 @@ class _Replica(_Transport):
     """The upstream side: each request is answered on later turns, the head and the
     body in two parts (as uvicorn writes them)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: h1._Conn) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: h1client._Conn) -> None:
         super().__init__()
         self.loop, self.conn = loop, conn
 
@@ -120,7 +120,7 @@ class _Connection:
         router, protocol, config, state = rig
         loop = asyncio.get_running_loop()
         router.loop = loop
-        conn = h1._Conn(loop)
+        conn = h1client._Conn(loop)
         conn.connection_made(_Replica(loop, conn))  # type: ignore[arg-type]
         router.upstream.pool.put(ADDRESS, conn)
         self.client = _Transport()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mcpfleet.router.http import _CoalescedWrites
+from mcpfleet.router.h1server import _CoalescedWrites
 
 
 class Recorder:

@@ -13,8 +13,8 @@ from typing import Any
 
 from fleetkit.clients.traffic import traffic
 from fleetkit.fleet import Fleet
-from mcpfleet.client import Trace, connect, default_answer
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.fleetclient import Trace, connect, default_answer
 
 
 async def modern_rounds_spread(fleet: Fleet) -> None:

@@ -21,7 +21,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mcpfleet.dev.demo import run_demo
+    from mcpfleet.dev.booking import run_demo
 
     asyncio.run(run_demo(args.url, args.era))
     return 0

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             f"--redis-deadline ({args.redis_deadline:g})"
         )
     config = config_from_args(RouterConfig, args, **redis_fields(redis))
-    from mcpfleet.router.serve import run_router
+    from mcpfleet.router.process import run_router
 
     run_router(config)
     return 0

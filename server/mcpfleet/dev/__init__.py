@@ -1,3 +1,4 @@
 """Local development: the local fleet behind ``mcpfleet dev`` (``fleet``), its
-supervisor (``supervisor``), the demo client (``demo``) and a local Prometheus
-(``localprom``)."""
+supervisor (``supervisor``), the booking flow ``mcpfleet demo`` runs through a
+fleet (``booking``), a local Prometheus (``localprom``) and polling until a
+condition holds (``wait``)."""

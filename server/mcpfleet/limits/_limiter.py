@@ -42,6 +42,7 @@ from mcpfleet.contract import RedisKeys
 from mcpfleet.limits._refusals import RefusalMemory
 from mcpfleet.limits._rules import LimitRules, Rate
 from mcpfleet.limits._store import CapStore, RateStore
+from mcpfleet.logthrottle import LogThrottle
 
 __all__ = [
     "LEASE_LIFE",
@@ -153,7 +154,7 @@ class Limiter:
         self._held: dict[str, int] = {}
         #: Sessions that ended here whose places Redis has not been told of yet.
         self._ended: dict[str, list[str]] = {}
-        self._logged: dict[tuple[str, str], float] = {}
+        self._logged = LogThrottle[tuple[str, str]](LOG_WINDOW, max_keys=MAX_ENTRIES)
         #: Listen streams open here with a limit on: place -> principal.
         self.listens: dict[str, str] = {}
         self._listen_held: dict[str, int] = {}
@@ -414,12 +415,7 @@ class Limiter:
     def _note(self, limit: str, principal: str, tool: str) -> None:
         """Log the first refusal of ``principal`` in a window (counting is the caller's:
         it knows the bounded label of ``tool``)."""
-        now = self.clock()
-        last = self._logged.get((limit, principal))
-        if last is None or now - last >= LOG_WINDOW:
-            if len(self._logged) > MAX_ENTRIES:
-                self._logged = {k: v for k, v in self._logged.items() if now - v < LOG_WINDOW}
-            self._logged[(limit, principal)] = now
+        if self._logged.due((limit, principal), now=self.clock()):
             log.warning(
                 "limit %s: principal %s refused; its refusals in the next %.0f s are counted,"
                 " not logged",
@@ -431,9 +427,7 @@ class Limiter:
     def limited_recently(self, limit: str, now: float | None = None) -> int:
         """Principals refused under ``limit`` within the last :data:`LOG_WINDOW` seconds."""
         now = self.clock() if now is None else now
-        return sum(
-            1 for (name, _), t in self._logged.items() if name == limit and now - t < LOG_WINDOW
-        )
+        return sum(1 for name, _ in self._logged.recent(now) if name == limit)
 
     def _failed(self, limit: str) -> None:
         if self.observer is not None:

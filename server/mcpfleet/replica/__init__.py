@@ -1,3 +1,14 @@
-"""One replica: the process runtime (``runtime``), the readiness and drain gate
-(``gate``), loading the user's FastMCP app (``appload``), the rounds middleware
-(``middleware``) and the replica's own Prometheus metrics (``metrics``)."""
+"""One replica, one job per module, from the process to the request:
+
+* ``runtime``: the replica process (any FastMCP app, the shared key ring, the
+  registry, a graceful drain); ``appload``: loading the user's FastMCP app by
+  ``module:attribute`` and fitting it with the fleet's codec;
+* ``gate``: the front door (health, readiness and drain, the replica header,
+  session bookkeeping); ``limitgate``: the limits per principal at that door;
+  ``hostcheck``: FastMCP's Host/Origin guard with its verdicts kept;
+* ``respmode``: which response mode answers each request (JSON for a modern
+  round that cannot stream);
+* ``middleware``: the Prometheus metrics of every round of the app's tools,
+  prompts and resources; ``metrics``: the replica's own Prometheus metrics;
+  ``tracing``: the replica's span of each request.
+"""

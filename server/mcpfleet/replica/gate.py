@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpfleet.answers import jsonrpc_error, send_whole
 from mcpfleet.contract import (
     CLIENT_SESSION_HEADER,
     DRAINING_HEADER,
@@ -46,7 +47,6 @@ from mcpfleet.contract import (
     SESSION_ENDED_HEADER,
     SESSION_HEADER,
 )
-from mcpfleet.httpio import jsonrpc_error, send_whole
 from mcpfleet.limits import principal_digest
 
 _SESSION_KEY = SESSION_HEADER.lower().encode()

@@ -40,8 +40,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet import tracing
+from mcpfleet.answers import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.contract import MCP_PATH, PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.jsonbody import is_initialize, is_request, load, may_name, method_of
 from mcpfleet.limits import (
     CURRENT_PRINCIPAL,

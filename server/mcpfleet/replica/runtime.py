@@ -41,6 +41,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet import tracing
+from mcpfleet.answers import send_whole
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import (
     LOST_AT_DRAIN_DEADLINE,
@@ -48,7 +49,6 @@ from mcpfleet.contract import (
     Attestation,
     RedisKeys,
 )
-from mcpfleet.httpio import send_whole
 from mcpfleet.keys.codec import ReloadableCodec
 from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing
@@ -67,7 +67,7 @@ from mcpfleet.redisconn import DirectCommands, check_version, parse_url, redact_
 from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.gate import GateState, ReplicaGate
-from mcpfleet.replica.hostguard import KeptHostGuard
+from mcpfleet.replica.hostcheck import KeptHostGuard
 from mcpfleet.replica.limitgate import LimitGate, RefusedCredentials
 from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
@@ -163,7 +163,7 @@ class Replica:
         if self.config.response_mode == "auto":
             self.json_app = self._http_app(json_response=True)
             inner = ResponseModes(inner, self.json_app, MCP_PATH)
-        # DNS-rebinding protection: FastMCP's guard ("auto" mode), its verdicts kept (hostguard).
+        # DNS-rebinding protection: FastMCP's guard ("auto" mode), its verdicts kept (hostcheck).
         inner = KeptHostGuard(
             inner,
             allowed_hosts=list(self.config.allowed_hosts) or None,

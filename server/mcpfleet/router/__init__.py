@@ -1,6 +1,6 @@
 """The sticky router, one job per module, from the process down to the bytes:
 
-* ``serve``: the router process (uvicorn, its signals); ``proxy``: the ASGI
+* ``process``: the router process (uvicorn, its signals); ``proxy``: the ASGI
   application, its lifecycle, and the dispatch of each admitted request;
 * ``admission``: the judgement of each request before it is routed;
   ``exchange``: a request as one value, and the answers the router makes itself;
@@ -18,6 +18,6 @@
 * ``decisions``: the pure routing decisions; ``refused``: credentials a replica
   refused under a rate, refused here until their time; ``metrics``: the
   router's Prometheus metrics;
-* ``upstream``: the forwarding to a replica and the relay back; ``h1``: its
-  HTTP/1.1 client; ``http``: the router's own HTTP protocol with read timeouts.
+* ``upstream``: the forwarding to a replica and the relay back; ``h1client``: its
+  HTTP/1.1 client; ``h1server``: the router's own HTTP protocol with read timeouts.
 """

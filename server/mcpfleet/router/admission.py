@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
+from mcpfleet.answers import ErrorCode
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import MCP_PATH, SESSION_HEADER
-from mcpfleet.httpio import ErrorCode
 from mcpfleet.router.decisions import OriginPolicy, forwardable_path, refused_origin
 from mcpfleet.router.exchange import Exchange
-from mcpfleet.router.http import body_arrived
+from mcpfleet.router.h1server import body_arrived
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from starlette.types import Receive, Scope, Send
 
+from mcpfleet.answers import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.contract import ROUTER_ERROR_HEADER
-from mcpfleet.httpio import ErrorCode, jsonrpc_error, send_whole
 from mcpfleet.router.upstream import Failure
 
 

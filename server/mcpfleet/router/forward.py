@@ -23,8 +23,8 @@ from mcpfleet import tracing
 from mcpfleet.contract import DRAINING_HEADER, SESSION_HEADER
 from mcpfleet.router.decisions import RouteKind, cancellations, valid_session_id
 from mcpfleet.router.exchange import Exchange
-from mcpfleet.router.h1 import Response
-from mcpfleet.router.http import WATCH_DISCONNECT
+from mcpfleet.router.h1client import Response
+from mcpfleet.router.h1server import WATCH_DISCONNECT
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.refused import RefusedCredentials
 from mcpfleet.router.rehome import Rehomer
@@ -190,7 +190,7 @@ async def _unless_client_leaves(
     """Await ``opening`` in this task; raise :class:`_ClientLeft` (``opening``
     cancelled: it closes its connection) if the client leaves first.
 
-    Served by the router's own HTTP protocol (:mod:`mcpfleet.router.http`), the
+    Served by the router's own HTTP protocol (:mod:`mcpfleet.router.h1server`), the
     connection tells when it closes, and that cancels this task: no task, no
     ``asyncio.wait`` per request (two tasks and a wait per forwarded request
     were a measurable share of the router's CPU). Elsewhere (an ASGI test

@@ -24,13 +24,13 @@ from dataclasses import dataclass, replace
 
 from starlette.types import Message, Scope, Send
 
+from mcpfleet.answers import ErrorCode, send_whole
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import Attestation
-from mcpfleet.httpio import ErrorCode, send_whole
 from mcpfleet.router.decisions import Candidate, place_session
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later, session_not_found
 from mcpfleet.router.gone import Lost, OwnerGone
-from mcpfleet.router.h1 import Broken, ConnectFailed
+from mcpfleet.router.h1client import Broken, ConnectFailed
 from mcpfleet.router.health import Health, RedisDown
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.reinit import InitRecord, Reopened, close_session, reopen

@@ -40,7 +40,7 @@ another router); then uvicorn's graceful shutdown lets what is in flight finish
 (``graceful_timeout``). Without the linger, a request a client sent on an idle
 pooled connection could meet that connection's close and be lost unanswered.
 The process around the router (uvicorn and its signals) is
-:mod:`~mcpfleet.router.serve`.
+:mod:`~mcpfleet.router.process`.
 
 :class:`Router` is the ASGI application and the process's state: it starts
 and stops the router, answers the health, readiness and metrics paths, admits
@@ -65,9 +65,9 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from mcpfleet import tracing
+from mcpfleet.answers import ErrorCode, jsonrpc_error
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import MCP_PATH, RedisKeys
-from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import parses_as_json
 from mcpfleet.redisconn import check_version, follow_master, parse_url, redact_url
 from mcpfleet.registry import connect

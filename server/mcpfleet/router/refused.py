@@ -23,7 +23,7 @@ when it is empty.
 
 from __future__ import annotations
 
-from mcpfleet.httpio import ErrorCode, jsonrpc_error
+from mcpfleet.answers import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import is_request, load
 from mcpfleet.limits import (
     REFUSED_HEADER,
@@ -34,7 +34,7 @@ from mcpfleet.limits import (
     parse_refused,
 )
 from mcpfleet.router.exchange import Exchange, respond
-from mcpfleet.router.h1 import Response
+from mcpfleet.router.h1client import Response
 
 __all__ = ["RefusedCredentials"]
 

@@ -21,12 +21,12 @@ Redis records live in :class:`~mcpfleet.router.table.SessionTable`.
 
 from __future__ import annotations
 
+from mcpfleet.answers import ErrorCode
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import PRINCIPAL_HEADER, REHOME_HEADER
-from mcpfleet.httpio import ErrorCode
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later
 from mcpfleet.router.gone import Lost, OwnerGone, answers_gone_work
-from mcpfleet.router.h1 import Response
+from mcpfleet.router.h1client import Response
 from mcpfleet.router.health import Health
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.move import Move, Mover, SessionEnd

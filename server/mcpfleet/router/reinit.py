@@ -17,7 +17,7 @@ from typing import Any
 
 from mcpfleet.contract import MCP_PATH, PRINCIPAL_HEADER, REHOME_HEADER, SESSION_HEADER
 from mcpfleet.router.decisions import valid_session_id
-from mcpfleet.router.h1 import Pool
+from mcpfleet.router.h1client import Pool
 from mcpfleet.router.upstream import forward_header_block
 
 #: The largest stored ``initialize`` parameters (bytes of JSON); a session whose

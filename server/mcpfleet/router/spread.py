@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 
 from mcpfleet import tracing
+from mcpfleet.answers import ErrorCode
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import Attestation
-from mcpfleet.httpio import ErrorCode
 from mcpfleet.limits import Held
 from mcpfleet.router.decisions import Candidate, RouteKind, pick_stateless, place_session
 from mcpfleet.router.exchange import (

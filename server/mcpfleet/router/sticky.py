@@ -12,8 +12,8 @@ it returns. Nothing a session's owner may have received is sent elsewhere.
 from __future__ import annotations
 
 from mcpfleet import tracing
+from mcpfleet.answers import ErrorCode, jsonrpc_error
 from mcpfleet.config import RouterConfig
-from mcpfleet.httpio import ErrorCode, jsonrpc_error
 from mcpfleet.router.decisions import RouteKind, cancellations, valid_session_id
 from mcpfleet.router.exchange import (
     Exchange,

@@ -27,7 +27,7 @@ from mcpfleet.contract import (
     SESSION_ENDED_HEADER,
     SESSION_HEADER,
 )
-from mcpfleet.router.h1 import Broken, ConnectFailed, Pool, Response
+from mcpfleet.router.h1client import Broken, ConnectFailed, Pool, Response
 
 log = logging.getLogger("mcpfleet.router")
 

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, Final, Literal, get_args
 
 from mcpfleet.contract import task_seals_of
+from mcpfleet.logthrottle import LogThrottle
 from mcpfleet.redisconn import on_cluster
 from mcpfleet.tasks._limits import (
     LimitedHook,
@@ -96,7 +97,7 @@ class FleetTasks:
         self._tools: set[str] = set()
         #: The asyncio tasks of the executions this replica's worker runs.
         self.running: set[asyncio.Task[Any]] = set()
-        self._unreplicated_logged = -_UNREPLICATED_LOG_EVERY
+        self._unreplicated_log = LogThrottle[str](_UNREPLICATED_LOG_EVERY)
         #: Replicas the queue's master had at the last read (:meth:`watch_queue`,
         #: Sentinel only); None before the first. At 0 a creation does not wait.
         self.replicas_seen: int | None = None
@@ -142,9 +143,7 @@ class FleetTasks:
         if int(acked or 0) >= 1:
             return int(acked)
         self.event(tool, "unreplicated")
-        now = time.monotonic()
-        if now - self._unreplicated_logged >= _UNREPLICATED_LOG_EVERY:
-            self._unreplicated_logged = now
+        if self._unreplicated_log.due("unreplicated"):
             log.warning(
                 "tasks: a task was created on the queue's master and answered before any "
                 "replica had it (%s within %.1f s): a failover now would lose it",

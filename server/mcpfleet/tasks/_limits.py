@@ -38,7 +38,6 @@ import hashlib
 import logging
 import math
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -46,6 +45,7 @@ from typing import Any, Final
 from mcp.shared.exceptions import MCPError
 
 from mcpfleet.limits import CURRENT_PRINCIPAL, LimitRules
+from mcpfleet.logthrottle import LogThrottle
 from mcpfleet.tasks._sealing import task_member
 
 log = logging.getLogger("mcpfleet.tasks")
@@ -240,7 +240,7 @@ class TaskLimiter:
         self.on_limited = on_limited
         #: Admissions let through because Redis failed or did not answer in time.
         self.unchecked = 0
-        self._logged = -_UNCHECKED_LOG_EVERY
+        self._unchecked_log = LogThrottle[str](_UNCHECKED_LOG_EVERY)
 
     async def admit(self, docket: Any, tool: str, task_scope: str | None) -> Reservation | None:
         """Take a place for a task of ``tool`` before its creation, or refuse it.
@@ -370,9 +370,7 @@ class TaskLimiter:
 
     def _failed_open(self, exc: BaseException) -> None:
         self.unchecked += 1
-        now = time.monotonic()
-        if now - self._logged >= _UNCHECKED_LOG_EVERY:
-            self._logged = now
+        if self._unchecked_log.due("unchecked"):
             log.warning(
                 "tasks: a creation was let through without its principal's cap checked "
                 "(%s; %d so far): the workers still bound it",

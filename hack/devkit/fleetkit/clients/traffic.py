@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from mcpfleet.client import Trace, connect
+from mcpfleet.fleetclient import Trace, connect
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from fastmcp import Client
 from mcp_types import CreateMessageResult, PromptReference, TextContent
 
-from mcpfleet.client import Trace, connect
+from mcpfleet.fleetclient import Trace, connect
 
 #: The answers the suite's scenarios give to the app's questions, by the requested
 #: schema's first property.

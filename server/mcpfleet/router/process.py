@@ -48,7 +48,7 @@ class ClosingServer(SigtermFirstServer):
 
 
 def router_server(config: RouterConfig) -> ClosingServer:
-    from mcpfleet.router.http import bounded_protocol
+    from mcpfleet.router.h1server import bounded_protocol
 
     router = Router(config)
     router.freeze_gc = True

@@ -18,7 +18,7 @@ answering, so a refused request gets exactly the response it got before. At
 most :data:`KEPT_LIMIT` combinations are kept; past that (a client making up
 ``Host`` values), the rest are judged each time, as before.
 
-Pinned by ``tests/unit/test_hostguard.py``: the verdicts, kept or not, equal
+Pinned by ``tests/unit/test_hostcheck.py``: the verdicts, kept or not, equal
 FastMCP's guard's over a matrix of binds, hosts and origins. The upstream
 change that would remove this module: FastMCP normalizing the allow-list once
 at construction and caching per-request verdicts.

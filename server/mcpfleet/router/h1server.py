@@ -45,8 +45,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from mcpfleet.answers import ErrorCode, jsonrpc_error, raw_response
 from mcpfleet.contract import ROUTER_ERROR_HEADER
-from mcpfleet.httpio import ErrorCode, jsonrpc_error, raw_response
 
 _MARK = (ROUTER_ERROR_HEADER.lower().encode(), b"1")
 

@@ -9,7 +9,7 @@ import pytest
 from fastmcp.server.http import HostOriginGuardMiddleware
 from starlette.types import Message, Receive, Scope, Send
 
-from mcpfleet.replica.hostguard import KeptHostGuard
+from mcpfleet.replica.hostcheck import KeptHostGuard
 
 pytestmark = pytest.mark.unit
 

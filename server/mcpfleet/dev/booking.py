@@ -1,10 +1,10 @@
-"""``mcpfleet demo``: runs the booking flow through a fleet and shows where each round lands."""
+"""``mcpfleet demo``'s booking flow: book a flight through a fleet, show where each round lands."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from mcpfleet.client import Era, Trace, connect
+from mcpfleet.fleetclient import Era, Trace, connect
 
 __all__ = ["run_demo"]
 

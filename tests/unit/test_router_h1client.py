@@ -1,4 +1,4 @@
-"""The router's HTTP/1.1 client (mcpfleet.router.h1) against scripted servers on 127.0.0.1.
+"""The router's HTTP/1.1 client (mcpfleet.router.h1client) against scripted servers on 127.0.0.1.
 
 What the router's fault semantics rest on: nothing sent when connecting fails,
 "may have been read" once written, bounded response headers, pooled
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from mcpfleet.router.h1 import MAX_RESPONSE_HEADER_BYTES, Broken, ConnectFailed, Pool
+from mcpfleet.router.h1client import MAX_RESPONSE_HEADER_BYTES, Broken, ConnectFailed, Pool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
