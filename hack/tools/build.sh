@@ -89,7 +89,8 @@ on_request=(
 	"crictl|sigs.k8s.io/cri-tools/cmd/crictl|-X sigs.k8s.io/cri-tools/pkg/version.Version=$(modver sigs.k8s.io/cri-tools)"
 	"kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(modver github.com/cloudnativelabs/kube-router/v2)"
 	# KEDA (docs/autoscaling.md), from its own module (keda/go.mod): its operator and
-	# its metrics API server (the HPA's external metrics). Not in make tools or CI yet.
+	# its metrics API server (the HPA's external metrics). Built by make autoscaling-images
+	# (hack/image/autoscaling.sh), not by make tools.
 	"keda-operator|github.com/kedacore/keda/v2/cmd/operator|$keda_ldflags|keda"
 	"keda-adapter|github.com/kedacore/keda/v2/cmd/adapter|$keda_ldflags|keda"
 )
