@@ -14,7 +14,8 @@ from fleetkit.clients.wire import accept, modern_call
 from mcpfleet.keys.files import write_ring, write_volume
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.replica.metrics import REJECTION_REASONS, rejection_label
-from mcpfleet.replica.runtime import Replica, ReplicaConfig, build_asgi
+from mcpfleet.replica.process import build_asgi
+from mcpfleet.replica.runtime import Replica, ReplicaConfig
 
 URL = "http://testserver/mcp"
 

@@ -11,8 +11,9 @@ from starlette.testclient import TestClient
 
 from mcpfleet.keys.files import write_ring
 from mcpfleet.keys.ring import KeyRing
-from mcpfleet.replica import runtime
-from mcpfleet.replica.runtime import Replica, ReplicaConfig, build_asgi
+from mcpfleet.replica import process
+from mcpfleet.replica.process import build_asgi
+from mcpfleet.replica.runtime import Replica, ReplicaConfig
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +48,7 @@ def test_the_replica_process_asks_for_it(tmp_path: Path, monkeypatch: pytest.Mon
         def run(self) -> None:
             return None
 
-    monkeypatch.setattr(runtime, "_DrainingServer", Server)
+    monkeypatch.setattr(process, "_DrainingServer", Server)
     write_ring(tmp_path / "keys", KeyRing.generate())
-    runtime.run_replica(ReplicaConfig(keys_dir=tmp_path / "keys", name="replica-gc"))
+    process.run_replica(ReplicaConfig(keys_dir=tmp_path / "keys", name="replica-gc"))
     assert [r.freeze_gc for r in started] == [True]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mcpfleet.replica.runtime import REPLICA_KEEPALIVE
+from mcpfleet.replica.process import REPLICA_KEEPALIVE
 from mcpfleet.router.upstream import UPSTREAM_IDLE_SECONDS, Failure
 
 

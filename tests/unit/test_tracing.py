@@ -88,7 +88,7 @@ def test_with_tracing_off_the_processes_never_import_the_sdks_tracing() -> None:
         f"""
         import sys
         from mcpfleet import tracing
-        import mcpfleet.router.proxy, mcpfleet.router.process, mcpfleet.replica.runtime
+        import mcpfleet.router.proxy, mcpfleet.router.process, mcpfleet.replica.process
         assert tracing.configure("mcpfleet-replica", "r-1") is False
         print(tracing.ON, sorted(m for m in sys.modules if m.startswith({TRACING_MODULES!r})))
         """
@@ -161,7 +161,8 @@ REPLICA_SCRIPT = """
     from mcpfleet import tracing
     from mcpfleet.keys.files import write_ring
     from mcpfleet.keys.ring import KeyRing
-    from mcpfleet.replica.runtime import Replica, ReplicaConfig, build_asgi
+    from mcpfleet.replica.process import build_asgi
+    from mcpfleet.replica.runtime import Replica, ReplicaConfig
 
     exported = InMemorySpanExporter()
     provider = TracerProvider()

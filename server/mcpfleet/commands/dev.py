@@ -159,7 +159,7 @@ def _embedded(work: Path, app: str, listen: int, limits: dict[str, Any]) -> int:
     )
     from mcpfleet.keys.files import write_ring
     from mcpfleet.keys.ring import KeyRing
-    from mcpfleet.replica.runtime import run_replica
+    from mcpfleet.replica.process import run_replica
 
     write_ring(work / "keys", KeyRing.generate())
     print(f"mcpfleet (embedded) serving {app} at http://127.0.0.1:{listen}/mcp", flush=True)

@@ -25,7 +25,7 @@ def add_parsers(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(ReplicaConfig, args, **redis_fields(redis_settings(args)))
     from mcpfleet.keys.ring import KeyRingError
-    from mcpfleet.replica.runtime import run_replica
+    from mcpfleet.replica.process import run_replica
 
     try:
         run_replica(config)

@@ -1,6 +1,7 @@
 """One replica, one job per module, from the process to the request:
 
-* ``runtime``: the replica process (any FastMCP app, the shared key ring, the
+* ``process``: the replica process (the key ring read, uvicorn, SIGTERM drains
+  first); ``runtime``: the replica (any FastMCP app, the shared key ring, the
   registry, a graceful drain); ``appload``: loading the user's FastMCP app by
   ``module:attribute`` and fitting it with the fleet's codec;
 * ``gate``: the front door (health, readiness and drain, the replica header,

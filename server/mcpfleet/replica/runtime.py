@@ -1,6 +1,7 @@
 """One replica: any FastMCP app, the shared key ring, the registry, and a graceful drain.
 
-``run_replica`` is what ``mcpfleet serve`` runs. It refuses to start without a
+The :class:`Replica` is what ``mcpfleet serve`` runs
+(:func:`mcpfleet.replica.process.run_replica`), which refuses to start without a
 valid key ring (a replica that cannot unseal other replicas' tokens would fail
 every modern continuation routed to it), then serves under uvicorn with:
 
@@ -31,14 +32,13 @@ import gc
 import importlib.metadata
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
 from fastmcp.server.http import StarletteWithLifespan
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcpfleet import tracing
 from mcpfleet.answers import send_whole
@@ -50,7 +50,6 @@ from mcpfleet.contract import (
     RedisKeys,
 )
 from mcpfleet.keys.codec import ReloadableCodec
-from mcpfleet.keys.files import read_ring
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
 from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
@@ -72,8 +71,7 @@ from mcpfleet.replica.limitgate import LimitGate, RefusedCredentials
 from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
-from mcpfleet.replica.tracing import TracedRequests, request_principal, traced_codec_events
-from mcpfleet.sigterm import SigtermFirstServer
+from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
 from mcpfleet.tasks import (
     FleetTasks,
     RingSnapshotCodec,
@@ -92,9 +90,6 @@ TASK_HAND_BACK_WAIT = 2.0
 
 #: Seconds between two reads of the task queue's depth (a metric).
 TASK_QUEUE_READ_INTERVAL = 2.0
-
-#: Seconds an idle keep-alive connection to a replica stays open.
-REPLICA_KEEPALIVE = 75
 
 
 class Replica:
@@ -490,11 +485,6 @@ def prime_sessions(http_app: Any) -> bool:
     return primed
 
 
-#: The MCP SDK's session manager logs every session id at INFO; a handshake
-#: session id is bearer-equivalent where the app has no auth.
-SESSION_ID_LOGGERS = ("mcp.server.streamable_http_manager", "mcp.server.streamable_http")
-
-
 def install_rounds_middleware(app: Any, metrics: ReplicaMetrics) -> PrometheusMiddleware:
     """The app's rounds middleware: its own if it installed one, else a new one, outermost.
 
@@ -511,106 +501,3 @@ def install_rounds_middleware(app: Any, metrics: ReplicaMetrics) -> PrometheusMi
     setattr(ours, _OURS, True)
     app.middleware.insert(0, ours)
     return ours
-
-
-class _DrainingServer(SigtermFirstServer):
-    """uvicorn, but SIGTERM drains first; a second signal or SIGINT exits at once."""
-
-    def __init__(self, config: uvicorn.Config, replica: Replica) -> None:
-        super().__init__(config)
-        self.replica = replica
-        self._drain_task: asyncio.Task[None] | None = None
-
-    def on_sigterm(self) -> None:
-        async def drain_then_exit() -> None:
-            await self.replica.drain()
-            self.should_exit = True
-
-        self._drain_task = asyncio.ensure_future(drain_then_exit())
-
-
-class _WithLifespan:
-    """An ASGI app whose lifespan also runs ``lifespan`` inside the wrapped app's own.
-
-    The replica's watcher and heartbeat start once the app (FastMCP's session
-    manager) has started, and stop before it stops, through the ASGI lifespan
-    messages alone: nothing of Starlette's is patched.
-    """
-
-    def __init__(
-        self, app: ASGIApp, lifespan: Callable[[], contextlib.AbstractAsyncContextManager[None]]
-    ) -> None:
-        self.app = app
-        self.lifespan = lifespan
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-        stack = contextlib.AsyncExitStack()
-
-        async def ours_after_startup(message: Message) -> None:
-            if message["type"] == "lifespan.startup.complete":
-                try:
-                    await stack.enter_async_context(self.lifespan())
-                except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-            await send(message)
-
-        async def ours_before_shutdown() -> Message:
-            message = await receive()
-            if message["type"] == "lifespan.shutdown":
-                await stack.aclose()
-            return message
-
-        try:
-            await self.app(scope, ours_before_shutdown, ours_after_startup)
-        finally:
-            await stack.aclose()
-
-
-def build_asgi(replica: Replica) -> ASGIApp:
-    """The replica's ASGI app, with the watcher and heartbeat run by its lifespan."""
-    return _WithLifespan(replica.asgi, replica.lifespan)
-
-
-def run_replica(config: ReplicaConfig) -> None:
-    """Serve one replica until drained (SIGTERM) or stopped (SIGINT)."""
-    ring = read_ring(config.keys_dir)
-    # Traces, when the OTEL_* environment asks for them: before the app is loaded,
-    # so FastMCP's spans stay on (appload.quiet_telemetry) and join the request's.
-    tracing.configure("mcpfleet-replica", config.resolved_name(), principal=request_principal)
-    for name in SESSION_ID_LOGGERS:
-        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
-    replica = Replica(config, ring)
-    replica.freeze_gc = True
-    log.info(
-        "replica %s serving %s at %s, key ring kids %s, fleet %s, redis %s",
-        replica.name,
-        config.app,
-        replica.address,
-        list(ring.kids),
-        config.fleet,
-        redact_url(config.redis_url) if config.redis_url else "none (standalone)",
-    )
-    uv_config = uvicorn.Config(
-        build_asgi(replica),
-        host=config.host,
-        port=config.port,
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=2,
-        access_log=False,
-        # Longer than the router keeps idle connections (5 s), so the router
-        # always closes first and never sends a request down a closing one.
-        timeout_keep_alive=REPLICA_KEEPALIVE,
-        # The client's address comes from the trusted hops (mcpfleet.limits), never
-        # from uvicorn's reading of X-Forwarded-For (which trusts 127.0.0.1's).
-        proxy_headers=False,
-    )
-    server = _DrainingServer(uv_config, replica)
-    # uvicorn re-raises the SIGINT it handled; by then we are done.
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
-    log.info("replica %s stopped", replica.name)

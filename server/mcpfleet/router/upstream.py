@@ -187,7 +187,7 @@ def session_ended(resp: Response) -> bool:
 
 #: How long an upstream keep-alive connection may sit idle in the pool before the
 #: router closes it. A replica closes an idle connection after its own keep-alive
-#: timeout (``replica.runtime.REPLICA_KEEPALIVE``, 75 s); retiring ours fifteen
+#: timeout (``replica.process.REPLICA_KEEPALIVE``, 75 s); retiring ours fifteen
 #: times sooner means a request never meets a connection the replica is closing.
 #: That matters because a connection that breaks after the request was written
 #: is never re-sent: the router cannot tell a stale connection from a replica
