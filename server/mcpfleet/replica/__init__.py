@@ -2,8 +2,8 @@
 
 * ``process``: the replica process (the key ring read, uvicorn, SIGTERM drains
   first); ``runtime``: the replica (any FastMCP app, the shared key ring, the
-  registry, a graceful drain); ``appload``: loading the user's FastMCP app by
-  ``module:attribute`` and fitting it with the fleet's codec;
+  registry); ``drain``: its graceful drain; ``appload``: loading the user's
+  FastMCP app by ``module:attribute`` and fitting it with the fleet's codec;
 * ``gate``: the front door (health, readiness and drain, the replica header,
   session bookkeeping); ``limitgate``: the limits per principal at that door;
   ``hostcheck``: FastMCP's Host/Origin guard with its verdicts kept;

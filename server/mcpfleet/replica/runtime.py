@@ -44,7 +44,6 @@ from mcpfleet import tracing
 from mcpfleet.answers import send_whole
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import (
-    LOST_AT_DRAIN_DEADLINE,
     MCP_PATH,
     Attestation,
     RedisKeys,
@@ -65,6 +64,7 @@ from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import DirectCommands, check_version, parse_url, redact_url
 from mcpfleet.registry import Publisher, connect
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
+from mcpfleet.replica.drain import drain as drain_replica
 from mcpfleet.replica.gate import GateState, ReplicaGate
 from mcpfleet.replica.hostcheck import KeptHostGuard
 from mcpfleet.replica.limitgate import LimitGate, RefusedCredentials
@@ -84,9 +84,6 @@ from mcpfleet.tasks import (
 log = logging.getLogger("mcpfleet.replica")
 
 _OURS = "_mcpfleet_replica_installed"
-
-#: Seconds each step of handing a draining worker's tasks back may take.
-TASK_HAND_BACK_WAIT = 2.0
 
 #: Seconds between two reads of the task queue's depth (a metric).
 TASK_QUEUE_READ_INTERVAL = 2.0
@@ -398,78 +395,9 @@ class Replica:
                 log.warning("limits: renewing session places failed (%s)", type(e).__name__)
 
     async def drain(self) -> None:
-        """Refuse new work now; return once every owned session is closed, nothing is in
-        flight and this replica's worker runs no task, or the deadline passes.
-
-        With MCP tasks, the worker takes no new task from the moment the drain
-        starts and finishes those it runs, their leases renewed; what it still
-        runs at the deadline it hands back to the other replicas' workers
-        (:meth:`mcpfleet.tasks.FleetTasks.hand_back`).
-        """
-        cfg = self.config
-        self.state.draining = True
-        self.state.handover = cfg.drain_handover and cfg.session_rehome
-        if self.publisher is not None:
-            self.publisher.publish_soon()
-        # Listen streams end now (their result frame last): clients listen elsewhere.
-        self.notify.close()
-        work = self.tasks
-        if work is not None and work.stop_taking():
-            # A read of the queue already sent may still deliver, within its window.
-            await asyncio.sleep(work.read_window)
-            log.info("draining: the task worker takes no new task")
-        log.info(
-            "draining: %d session(s), %d request(s) in flight, %d task(s) running; deadline %.0fs",
-            self.state.live_sessions(),
-            self.state.inflight,
-            work.busy() if work is not None else 0,
-            cfg.drain_timeout,
-        )
-        started = time.monotonic()
-        deadline = started + cfg.drain_timeout
-        linger = started + min(cfg.drain_linger, cfg.drain_timeout)
-        # With the handover, idle sessions go to re-homing routers at once: their
-        # requests get the drain's 503 (nothing run), which routers answer by
-        # re-homing; the drain waits only for requests in flight (a tool call,
-        # a pending elicitation), and the linger lets every router see it.
-        handover = self.state.handover
-        while time.monotonic() < deadline:
-            busy = work.busy() if work is not None else 0
-            done = self.state.inflight == 0 if handover else self.state.idle()
-            if done and not busy and time.monotonic() >= linger:
-                tail = ", no task running" if work is not None else ""
-                log.info(
-                    "drained: no request in flight%s%s",
-                    " (idle sessions handed over)" if handover else " and no open session",
-                    tail,
-                )
-                return
-            await asyncio.sleep(0.1)
-        log.warning(
-            "drain deadline passed with %d request(s) in flight, %d open session(s) and "
-            "%d task(s) running; exiting",
-            self.state.inflight,
-            self.state.live_sessions(),
-            work.busy() if work is not None else 0,
-        )
-        if handover:
-            await self._mark_cut_sessions_lost()
-        if work is not None and work.busy():
-            handed = await work.hand_back(self.redis, TASK_HAND_BACK_WAIT)
-            log.warning("drain: %d task(s) handed back to the other replicas' workers", handed)
-
-    async def _mark_cut_sessions_lost(self) -> None:
-        """Mark in Redis the sessions whose requests the drain deadline is about to cut,
-        before any of their streams ends: a re-homing router must answer their next
-        request with the 404, whatever it saw of the end (a stream may end cleanly)."""
-        sessions = self.state.busy_client_sessions()
-        if not sessions or self.publisher is None:
-            return
-        marked = await self.publisher.mark_lost(
-            sessions, LOST_AT_DRAIN_DEADLINE, self.config.redis_deadline
-        )
-        if marked:
-            log.info("%d session(s) with a request in flight marked lost", len(sessions))
+        """Refuse new work now; return once what this replica owns has ended, or the
+        deadline passed (:func:`mcpfleet.replica.drain.drain`)."""
+        await drain_replica(self)
 
 
 def prime_sessions(http_app: Any) -> bool:
