@@ -2,7 +2,8 @@
 
 * ``process``: the replica process (the key ring read, uvicorn, SIGTERM drains
   first); ``runtime``: the replica (any FastMCP app, the shared key ring, the
-  registry); ``drain``: its graceful drain; ``appload``: loading the user's
+  registry); ``wiring``: its parts made from its settings (limits, SSE event
+  store, tasks); ``drain``: its graceful drain; ``appload``: loading the user's
   FastMCP app by ``module:attribute`` and fitting it with the fleet's codec;
 * ``gate``: the front door (health, readiness and drain, the replica header,
   session bookkeeping); ``limitgate``: the limits per principal at that door;

@@ -51,10 +51,9 @@ from mcpfleet.contract import (
 from mcpfleet.keys.codec import ReloadableCodec
 from mcpfleet.keys.ring import KeyRing
 from mcpfleet.keys.watch import KeyRingWatcher
-from mcpfleet.limits import SESSION_LEASE, Limiter, RulesWatcher
+from mcpfleet.limits import SESSION_LEASE
 from mcpfleet.notify import (
     RETRY_MS,
-    RedisEventStore,
     install_notifications,
     install_sessions,
     prime_by_session,
@@ -63,6 +62,7 @@ from mcpfleet.once import Ledger, MemoryLedger, RedisLedger, install_ledger
 from mcpfleet.once import settle as settle_once
 from mcpfleet.redisconn import DirectCommands, check_version, parse_url, redact_url
 from mcpfleet.registry import Publisher, connect
+from mcpfleet.replica import wiring
 from mcpfleet.replica.appload import install_codec, load_app, quiet_telemetry
 from mcpfleet.replica.drain import drain as drain_replica
 from mcpfleet.replica.gate import GateState, ReplicaGate
@@ -74,11 +74,7 @@ from mcpfleet.replica.respmode import ResponseModes
 from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
 from mcpfleet.tasks import (
     FleetTasks,
-    RingSnapshotCodec,
     TaskReader,
-    fleet_queue_of,
-    has_tasks_extension,
-    wire_tasks,
 )
 
 log = logging.getLogger("mcpfleet.replica")
@@ -106,7 +102,7 @@ class Replica:
         if quiet_telemetry():
             log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
-        self.limiter, self.rules_watcher = self._limits()
+        self.limiter, self.rules_watcher = wiring.limits(config, self.metrics)
         self.audience = config.audience or f"mcpfleet/{config.app}"
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
         # subscriptions/listen for the app, over the fleet's bus (mcpfleet.notify).
@@ -120,9 +116,11 @@ class Replica:
         # Handshake sessions: resources/subscribe, the fleet's events on their GET
         # streams, and SSE streams resumable from the fleet's Redis (mcpfleet.notify).
         self.sessions = install_sessions(self.mcp_app, self.notify.bus, self.metrics)
-        self.event_store = self._event_store()
+        self.event_store = wiring.event_store(config, self.metrics)
         # An app with MCP tasks: one queue for the fleet, a worker here (mcpfleet.tasks).
-        self.tasks: FleetTasks | None = self._wire_tasks()
+        self.tasks: FleetTasks | None = wiring.fleet_tasks(
+            self.mcp_app, config, self.name, self.codec, self.metrics, self.limiter
+        )
         if self.tasks is not None:
             self.metrics.enable_tasks(self.tasks.busy)
             # Task status as notifications/tasks: announced here, read by the owner's streams.
@@ -167,51 +165,6 @@ class Replica:
             # The caller's trace continued around the app (FastMCP's spans join it).
             inner = TracedRequests(inner, self.name)
         return ReplicaGate(inner, self.state, extra_routes={"/metrics": self.serve_metrics})
-
-    def _wire_tasks(self) -> FleetTasks | None:
-        """The app's tasks on the fleet's queue, under the limits in force; None without tasks."""
-        if not has_tasks_extension(self.mcp_app):
-            return None
-        config = self.config
-        sealer = None
-        if config.tasks_encrypt:
-            sealer = RingSnapshotCodec(lambda: self.codec.ring, self.metrics.snapshot_event)
-        return wire_tasks(
-            self.mcp_app,
-            fleet_queue_of(config, self.name),
-            self.metrics.task_event,
-            sealer,
-            # The rules in force (flags, under the watched limits file).
-            limits=lambda: self.limiter.rules,
-            on_limited=self.metrics.limited,
-        )
-
-    def _limits(self) -> tuple[Limiter, RulesWatcher | None]:
-        """The limits per principal: the flags' rules, under the limits file's when set."""
-        config = self.config
-        base = config.limit_rules()
-        limiter = Limiter(
-            base, RedisKeys(config.fleet), observer=self.metrics, deadline=config.redis_deadline
-        )
-        self.metrics.watch_limits(limiter.limited_recently)
-        watcher = None
-        if config.limits_file is not None:
-            watcher = RulesWatcher(config.limits_file, base, limiter.set_rules)
-            watcher.check()
-        return limiter, watcher
-
-    def _event_store(self) -> RedisEventStore | None:
-        """The handshake SSE streams' store in the fleet's Redis; None standalone or off."""
-        config = self.config
-        if not config.redis_url or config.sse_events == 0:
-            return None
-        return RedisEventStore(
-            RedisKeys(config.fleet),
-            deadline=config.redis_deadline,
-            observer=self.metrics,
-            events=config.sse_events,
-            ttl=config.sse_ttl,
-        )
 
     def _http_app(self, json_response: bool | None) -> StarletteWithLifespan:
         config = self.config
