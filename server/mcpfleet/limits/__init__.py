@@ -14,7 +14,6 @@ from mcpfleet.limits._limiter import (
     SESSION_LEASE,
     Limiter,
     LimitObserver,
-    Refusal,
 )
 from mcpfleet.limits._principal import SHARED, address_of, principal_digest, principal_of
 from mcpfleet.limits._refusals import (
@@ -27,6 +26,7 @@ from mcpfleet.limits._refusals import (
     format_refused,
     parse_refused,
 )
+from mcpfleet.limits._refused import Refusal
 from mcpfleet.limits._rules import (
     CURRENT_PRINCIPAL,
     LIMIT_NAMES,

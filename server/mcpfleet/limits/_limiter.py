@@ -31,18 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from mcpfleet.contract import RedisKeys
 from mcpfleet.limits._refusals import RefusalMemory
+from mcpfleet.limits._refused import Refusal, Refusals
 from mcpfleet.limits._rules import LimitRules, Rate
 from mcpfleet.limits._store import CapStore, RateStore
-from mcpfleet.logthrottle import LogThrottle
 
 __all__ = [
     "LEASE_LIFE",
@@ -50,7 +48,6 @@ __all__ = [
     "SESSION_LEASE",
     "LimitObserver",
     "Limiter",
-    "Refusal",
 ]
 
 log = logging.getLogger("mcpfleet.limits")
@@ -62,8 +59,6 @@ REDIS_BACKOFF: Final = 1.0
 #: Seconds a held session's place lasts unless renewed (renewed every third of it):
 #: a replica killed gives its sessions' places back within this.
 SESSION_LEASE: Final = 30.0
-#: Seconds within which one principal's refusals are logged once.
-LOG_WINDOW: Final = 60.0
 #: Leases and local buckets held at once; past it the oldest half is forgotten.
 MAX_ENTRIES: Final = 100_000
 
@@ -71,27 +66,6 @@ MAX_ENTRIES: Final = 100_000
 class LimitObserver(Protocol):
     def limited(self, limit: str, tool: str) -> None: ...
     def failed(self, limit: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A request refused under ``limit``: what the client is told.
-
-    ``principal_wide``: every request of the principal is refused until
-    ``retry_after`` (its own rate, not a tool's, not a cap that ends when
-    something it holds ends): what may be refused from memory by credential
-    (:mod:`mcpfleet.limits._refusals`).
-    """
-
-    limit: str
-    retry_after: float
-    message: str
-    principal_wide: bool = False
-
-    @property
-    def retry_seconds(self) -> int:
-        """``Retry-After`` as HTTP states it: whole seconds, at least 1."""
-        return max(1, math.ceil(self.retry_after))
 
 
 class _Lease:
@@ -154,7 +128,8 @@ class Limiter:
         self._held: dict[str, int] = {}
         #: Sessions that ended here whose places Redis has not been told of yet.
         self._ended: dict[str, list[str]] = {}
-        self._logged = LogThrottle[tuple[str, str]](LOG_WINDOW, max_keys=MAX_ENTRIES)
+        #: What a refused principal is told; its refusals logged once a window.
+        self.refusals = Refusals(clock, max_keys=MAX_ENTRIES)
         #: Listen streams open here with a limit on: place -> principal.
         self.listens: dict[str, str] = {}
         self._listen_held: dict[str, int] = {}
@@ -182,13 +157,13 @@ class Limiter:
         if not rate.unlimited:
             refused = await self._take(principal, "", rate)
             if refused is not None:
-                return self._refused("rounds", principal, refused, rate, tool, wide=True)
+                return self.refusals.over_rate("rounds", principal, refused, rate, tool, wide=True)
         if tool is not None and self.rules.tools:
             tool_rate = self.rules.tool_rate(tool)
             if tool_rate is not None and not tool_rate.unlimited:
                 refused = await self._take(principal, tool, tool_rate)
                 if refused is not None:
-                    return self._refused("rounds", principal, refused, tool_rate, tool)
+                    return self.refusals.over_rate("rounds", principal, refused, tool_rate, tool)
         return None
 
     async def _take(self, principal: str, bucket: str, rate: Rate) -> float | None:
@@ -246,7 +221,7 @@ class Limiter:
         if not cap:
             return None, None
         if self._held.get(principal, 0) >= cap:
-            return self._refused_cap("sessions", principal, cap, SESSION_LEASE / 3), None
+            return self.refusals.at_cap("sessions", principal, cap, SESSION_LEASE / 3), None
         if self.caps is None or self.clock() < self._redis_back:
             if self.caps is not None:
                 self._failed("sessions")
@@ -261,7 +236,7 @@ class Limiter:
             self._redis_failed("sessions", e)
             return None, None
         if wait > 0:
-            return self._refused_cap("sessions", principal, cap, wait), None
+            return self.refusals.at_cap("sessions", principal, cap, wait), None
         return None, pending
 
     def session_opened(self, session: str, principal: str) -> None:
@@ -335,7 +310,7 @@ class Limiter:
         if not cap:
             return None, None
         if self._listen_held.get(principal, 0) >= cap:
-            return self._refused_cap("listen", principal, cap, SESSION_LEASE / 3), None
+            return self.refusals.at_cap("listen", principal, cap, SESSION_LEASE / 3), None
         place = "listen-" + secrets.token_hex(8)
         if self.caps is not None and self.clock() >= self._redis_back:
             try:
@@ -347,7 +322,7 @@ class Limiter:
                 self._redis_failed("listen", e)
             else:
                 if wait > 0:
-                    return self._refused_cap("listen", principal, cap, wait), None
+                    return self.refusals.at_cap("listen", principal, cap, wait), None
         elif self.caps is not None:
             self._failed("listen")
         self.listens[place] = principal
@@ -386,48 +361,10 @@ class Limiter:
 
     # -- refusals ------------------------------------------------------------------
 
-    def _refused(
-        self,
-        limit: str,
-        principal: str,
-        wait: float,
-        rate: Rate,
-        tool: str | None,
-        *,
-        wide: bool = False,
-    ) -> Refusal:
-        scope = f" of tool {tool!r}" if tool and not wide else ""
-        message = (
-            f"Rate limited: rounds{scope} over {rate.rate:g}/s (burst {rate.effective_burst()})"
-            f" for this principal; retry after {max(1, math.ceil(wait))} s"
-        )
-        self._note(limit, principal, tool or "")
-        return Refusal(limit, wait, message, principal_wide=wide)
-
-    def _refused_cap(self, limit: str, principal: str, cap: int, wait: float) -> Refusal:
-        message = (
-            f"Limit reached: {cap} {limit} held by this principal; end one, or retry after"
-            f" {max(1, math.ceil(wait))} s"
-        )
-        self._note(limit, principal, "")
-        return Refusal(limit, wait, message)
-
-    def _note(self, limit: str, principal: str, tool: str) -> None:
-        """Log the first refusal of ``principal`` in a window (counting is the caller's:
-        it knows the bounded label of ``tool``)."""
-        if self._logged.due((limit, principal), now=self.clock()):
-            log.warning(
-                "limit %s: principal %s refused; its refusals in the next %.0f s are counted,"
-                " not logged",
-                limit,
-                principal,
-                LOG_WINDOW,
-            )
-
     def limited_recently(self, limit: str, now: float | None = None) -> int:
-        """Principals refused under ``limit`` within the last :data:`LOG_WINDOW` seconds."""
-        now = self.clock() if now is None else now
-        return sum(1 for name, _ in self._logged.recent(now) if name == limit)
+        """Principals refused under ``limit`` within the last ``LOG_WINDOW`` seconds
+        (:mod:`mcpfleet.limits._refused`)."""
+        return self.refusals.recent(limit, now)
 
     def _failed(self, limit: str) -> None:
         if self.observer is not None:
