@@ -7,10 +7,13 @@ tier's conftest can build the same fixtures.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
+from fleetkit.cluster import chartkit
 from fleetkit.cluster.controlplane import (
     ControlPlane,
     require_tools,
@@ -18,6 +21,8 @@ from fleetkit.cluster.controlplane import (
     temporary_namespace,
 )
 from fleetkit.cluster.helm import Helm
+
+from .chartrender import SCENARIOS
 
 _reports = pytest.StashKey[dict[str, pytest.TestReport]]()
 
@@ -73,3 +78,23 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
 def cluster_helm(control_plane: ControlPlane) -> Helm:
     """The built helm talking to the session's API server as admin."""
     return control_plane.helm()
+
+
+# The chart-render tests' (test_chart_render_*.py): made once for all their modules.
+
+
+@pytest.fixture(scope="session")
+def schemas() -> Path:
+    require_tools(("kubeconform",))
+    return chartkit.kubeconform_schemas()
+
+
+@pytest.fixture(scope="session")
+def rendered(helm: Helm) -> dict[tuple[str, bool], list[dict[str, Any]]]:
+    """Every scenario's objects, with (True) and without (False) monitoring.coreos.com/v1."""
+    out = {}
+    for name, path in SCENARIOS.items():
+        for monitoring in (False, True):
+            extra = ["--api-versions", chartkit.MONITORING_API] if monitoring else []
+            out[name, monitoring] = chartkit.objects(chartkit.render(helm, "-f", str(path), *extra))
+    return out

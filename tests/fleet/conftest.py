@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from fleetkit.failure import explain_on_failure
@@ -19,6 +20,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     """Three replicas behind one router, shared by a module's scenarios."""
     with local_fleet(tmp_path_factory.mktemp("fleet")) as lf, shared(lf):
         yield lf
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    """One HTTP client for a module's scenarios (the MCP tasks tests', test_tasks*.py)."""
+    with httpx.Client(timeout=15) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)
