@@ -85,11 +85,14 @@ run: venv ## a local fleet: Redis, 3 replicas, a router and Prometheus (mcpfleet
 	bash hack/ensure-debs.sh --optional
 	$(VENV)/bin/mcpfleet dev $(DEV_ARGS)
 
-lint: venv ## ruff, ruff format --check, hadolint, and the import contracts (lint-imports)
+# The developer tools (hack/devkit: fleetkit, benchkit) are typed here: mypy
+# strict, all but disallow_untyped_calls (pyproject.toml's [tool.mypy] says why).
+lint: venv ## ruff, ruff format --check, hadolint, the import contracts (lint-imports), and mypy over hack/devkit
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile hack/image/keda.Dockerfile hack/image/prometheus.Dockerfile deploy/own-app/Dockerfile
 	$(VENV)/bin/lint-imports --no-cache --no-logo
+	$(VENV)/bin/mypy -p fleetkit -p benchkit
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
 typecheck: venv ## mypy --strict over both packages

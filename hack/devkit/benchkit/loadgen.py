@@ -237,8 +237,8 @@ def run_wrk(
         assert urlsplit(target).scheme == "http", target
         argv = [wrk, "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--timeout", "10s"]
         argv += ["-s", str(SCRIPT), target]
-        out_file = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed after wrk exits
-        err_file = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        out_file: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed after wrk exits
+        err_file: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115
         outputs.append((out_file, err_file))
         procs.append(subprocess.Popen(argv, stdout=out_file, stderr=err_file, env=env, text=True))
     first = [cpu_seconds(p.pid) or 0.0 for p in procs]

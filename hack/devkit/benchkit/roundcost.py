@@ -351,12 +351,12 @@ def rows_of(servers: dict[str, Server], flows: int) -> list[Row]:
             ("asking", s.ask_us, base.ask_us),
             ("answer", s.answer_us, base.answer_us),
         ):
-            ratio = ours / theirs
+            times = ours / theirs
             rows.append(
                 (
                     f"target: {who} CPU per {kind} round <= x{CPU_RATIO_TARGET:.2f} plain FastMCP",
-                    f"x{ratio:.2f} ({ours:.0f} vs {theirs:.0f} us, {s.mode} mode)",
-                    _verdict(ratio <= CPU_RATIO_TARGET),
+                    f"x{times:.2f} ({ours:.0f} vs {theirs:.0f} us, {s.mode} mode)",
+                    _verdict(times <= CPU_RATIO_TARGET),
                     "same tool, same response mode, same run",
                 )
             )

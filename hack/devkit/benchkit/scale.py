@@ -430,8 +430,12 @@ def replicas_step(run: Run, n: int, curves: dict[str, Curve]) -> None:
     drop_standins(run)
     write_standins(run, n - len(run.lf.members))
     for port in run.lf.router_ports:
+
+        def sees_all(p: int = port) -> bool:
+            return serving(p) == n
+
         wait_for(
-            lambda p=port: serving(p) == n,
+            sees_all,
             timeout=30,
             what=f"routers to see {n} replicas",
             retry_on=(OSError, httpx.HTTPError),

@@ -83,13 +83,13 @@ def replica_rows(servers: dict[str, Server]) -> tuple[list[Row], list[Row]]:
             ("asking", s.ask_us, same.ask_us),
             ("answer", s.answer_us, same.answer_us),
         ):
-            ratio = ours / theirs
+            times = ours / theirs
             targets.append(
                 (
                     f"{who} CPU per {kind} round <= x{CPU_RATIO_TARGET:.2f} plain FastMCP",
-                    f"x{ratio:.2f}",
+                    f"x{times:.2f}",
                     f"{ours:.0f} vs {theirs:.0f} us",
-                    _verdict(ratio <= CPU_RATIO_TARGET),
+                    _verdict(times <= CPU_RATIO_TARGET),
                     f"{s.asks} flows each, {s.mode} mode",
                 )
             )
@@ -142,13 +142,13 @@ def proxy_rows(
     targets: list[Row] = []
     router8 = fig.modern.get((routercost.ROUTER, 8))
     if router8 is not None and router8.cpu.get(routercost.ROUTER):
-        cpu = router8.cpu[routercost.ROUTER] / max(1, router8.requests) * 1e6
+        cpu_us = router8.cpu[routercost.ROUTER] / max(1, router8.requests) * 1e6
         targets.append(
             (
                 f"router CPU <= {routercost.CPU_TARGET_US:.0f} us per modern round",
-                f"{cpu:.0f} us",
+                f"{cpu_us:.0f} us",
                 f"{router8.requests} rounds",
-                _verdict(cpu <= routercost.CPU_TARGET_US),
+                _verdict(cpu_us <= routercost.CPU_TARGET_US),
                 "wrk, 8 connections",
             )
         )

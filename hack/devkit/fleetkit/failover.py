@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,11 +242,11 @@ async def failover_under_load(setup: SentinelFleet, sessions: int = 5) -> Failov
     return report
 
 
-async def _until(what: str, check: object, timeout: float = 60) -> None:
+async def _until(what: str, check: Callable[[], object], timeout: float = 60) -> None:
     """Wait for ``check()`` off the event loop thread, so the load keeps running."""
     await asyncio.to_thread(
         wait_for,
-        check,  # type: ignore[arg-type]
+        check,
         timeout=timeout,
         what=what,
         retry_on=NOT_YET,

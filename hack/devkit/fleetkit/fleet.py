@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import redis
 
@@ -258,8 +258,8 @@ def diagnostics(fleet: LocalFleet) -> str:
         names = sorted(k.decode() for k in client.scan_iter(f"{keys.prefix}:*", count=1000))
         out.append(f"--- redis keys ({len(names)}) ---")
         for name in names[:200]:
-            kind = client.type(name).decode()
-            value = client.get(name).decode() if kind == "string" else kind
+            kind = cast(bytes, client.type(name)).decode()
+            value = cast(bytes, client.get(name)).decode() if kind == "string" else kind
             out.append(f"{name} = {value}")
         client.close()
     except Exception as exc:

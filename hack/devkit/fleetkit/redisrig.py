@@ -23,7 +23,7 @@ import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -344,7 +344,7 @@ def redis_fleet(
     backend's fleet on such a Redis), given ``fields`` besides.
     """
     cluster = parse_url(base_url).cluster
-    users = {
+    users: dict[str, tuple[str, Path]] = {
         c: component_user(servers, options.fleet, c, workdir, cluster=cluster)
         for c in REDIS_COMPONENTS
     }
@@ -449,7 +449,7 @@ class Sentinels:
         def known() -> bool:
             for port in self.ports:
                 with contextlib.closing(redis.Redis(port=port, socket_timeout=1)) as s:
-                    info = s.sentinel_master(MASTER)
+                    info = cast(dict[str, Any], s.sentinel_master(MASTER))
                     if int(info["num-slaves"]) < count:
                         return False
                     if int(info["num-other-sentinels"]) < self.count - 1:

@@ -14,7 +14,7 @@ class WaitTimeout(TimeoutError):
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     timeout: float,
     what: str = "condition",

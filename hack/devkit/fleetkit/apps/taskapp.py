@@ -114,8 +114,12 @@ async def confirm(tag: str, ctx: Context) -> str | InputRequiredResult:
         schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
         ask = ElicitRequestFormParams(message=f"Go on with {tag}?", requested_schema=schema)
         return InputRequiredResult(input_requests={"ok": ElicitRequest(params=ask)})
-    accepted = isinstance(answer, ElicitResult) and answer.action == "accept"
-    if accepted and answer.content and answer.content.get("ok"):
+    if (
+        isinstance(answer, ElicitResult)
+        and answer.action == "accept"
+        and answer.content
+        and answer.content.get("ok")
+    ):
         _effect(f"confirmed {tag} pid={os.getpid()}")
         return f"{tag}: confirmed"
     return f"{tag}: declined"

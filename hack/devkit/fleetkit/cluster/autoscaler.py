@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 
 from fleetkit.cluster.chartkit import module_dir
 from fleetkit.cluster.controlplane import repo_root, tools_bin_dir, wait_for
+from fleetkit.cluster.pods import name_of
 from fleetkit.cluster.providers import Cluster
 
 KEDA_MODULE = "github.com/kedacore/keda/v2"
@@ -323,7 +324,7 @@ def _load(cluster: Cluster, archives: Iterable[Path]) -> None:
 
     # Into the workers only: the control-plane node is tainted, nothing of these runs there.
     workers = [
-        n.metadata.name
+        name_of(n)
         for n in k8s.CoreV1Api(cluster.api)
         .list_node(label_selector="!node-role.kubernetes.io/control-plane")
         .items

@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 import yaml
@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fleetkit.cluster.chartkit import CHART
 from fleetkit.cluster.controlplane import Helm, tools_bin_dir, wait_for
+from fleetkit.cluster.pods import meta, name_of
 from fleetkit.cluster.providers import Cluster
 from mcpfleet.contract import KEYRING_FILE, Attestation, RedisKeys
 from mcpfleet.keys.ring import KeyRing
@@ -179,7 +180,7 @@ class ChartFleet:
         return items
 
     def replica_names(self) -> list[str]:
-        return sorted(p.metadata.name for p in self.pods() if ready(p))
+        return sorted(name_of(p) for p in self.pods() if ready(p))
 
     def redis_client(self) -> redis.Redis:
         """The release's Redis, as the operator's read-only user when auth is on."""
@@ -191,6 +192,7 @@ class ChartFleet:
             if exc.status != 404:
                 raise
             return redis.Redis(host=host, port=port, socket_timeout=3)
+        assert auth.data is not None, name
         password = base64.b64decode(auth.data["operator"]).decode()
         return redis.Redis(
             host=host, port=port, username="operator", password=password, socket_timeout=3
@@ -202,6 +204,7 @@ class ChartFleet:
 
     def ring(self) -> KeyRing:
         secret = self.core.read_namespaced_secret(self.keyring, self.namespace)
+        assert secret.data is not None, self.keyring
         return KeyRing.from_document(base64.b64decode(secret.data[KEYRING_FILE]))
 
     def wait_attested(self, kids: tuple[str, ...], timeout: float = 60.0) -> None:
@@ -253,8 +256,11 @@ class ChartFleet:
         self.kubectl("create", "-f", "-", stdin=json.dumps(manifest))
 
         def complete() -> dict[str, Any] | None:
-            obj = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "keyrotations", name
+            obj = cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "keyrotations", name
+                ),
             )
             phase = (obj.get("status") or {}).get("phase")
             if phase in ("Failed", "Aborted"):
@@ -271,15 +277,17 @@ class ChartFleet:
         try:
             for pod in self.core.list_namespaced_pod(self.namespace).items:
                 st = pod.status
+                assert st is not None, name_of(pod)
                 out.append(
-                    f"--- pod {pod.metadata.name}: phase={st.phase} ip={st.pod_ip} "
-                    f"deleting={pod.metadata.deletion_timestamp}"
+                    f"--- pod {name_of(pod)}: phase={st.phase} ip={st.pod_ip} "
+                    f"deleting={meta(pod).deletion_timestamp}"
                 )
+                assert pod.spec is not None, name_of(pod)
                 with contextlib.suppress(ApiException):
                     for c in pod.spec.containers:
                         out.append(
                             self.core.read_namespaced_pod_log(
-                                pod.metadata.name, self.namespace, container=c.name, tail_lines=15
+                                name_of(pod), self.namespace, container=c.name, tail_lines=15
                             )
                         )
             events = self.core.list_namespaced_event(self.namespace).items[-25:]
@@ -302,6 +310,6 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def ready(pod: k8s.V1Pod) -> bool:
-    if pod.metadata.deletion_timestamp is not None or pod.status is None:
+    if meta(pod).deletion_timestamp is not None or pod.status is None:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])

@@ -159,9 +159,11 @@ class _CrdLoader(yaml.SafeLoader):
     """PyYAML reads a bare ``=`` (an enum value in the CRDs) as YAML 1.1's value tag."""
 
 
-_CrdLoader.add_constructor(
-    "tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node)
-)
+def _construct_value(loader: _CrdLoader, node: yaml.ScalarNode) -> Any:
+    return loader.construct_scalar(node)
+
+
+_CrdLoader.add_constructor("tag:yaml.org,2002:value", _construct_value)
 
 
 def make_schemas(swagger: Path, crds: Sequence[Path], out: Path) -> None:

@@ -42,7 +42,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fleetkit.cluster.controlplane import LOOPBACK, ControlPlane
 from fleetkit.cluster.kubelet_secret import DATA_DIR, SecretVolumeSyncer
-from fleetkit.cluster.pods import make_pod_ready
+from fleetkit.cluster.pods import make_pod_ready, meta, name_of
 from fleetkit.cluster.rbac import service_account, service_account_with_rules
 from fleetkit.fleet import FleetOptions, ProcessFleet, diagnostics, require_redis, running
 from fleetkit.redisrig import RedisFleet, RedisServer, redis_fleet
@@ -111,7 +111,10 @@ class ControlPlaneFleet(ProcessFleet):
         return "mcpfleet-server"
 
     def _client(self, kubeconfig: Path) -> k8s.ApiClient:
-        return k8s_config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
+        client: k8s.ApiClient = k8s_config.new_client_from_config(
+            config_file=str(kubeconfig), persist_config=False
+        )
+        return client
 
     def _service_account_client(self, account: str) -> k8s.ApiClient:
         return self._client(self.plane.kubeconfig_for_service_account(self.namespace, account))
@@ -388,17 +391,18 @@ class ControlPlaneFleet(ProcessFleet):
             secret = self.keyring_secret()
             out.append(
                 f"secret {self.namespace}/{self.secret_name}"
-                f" rv={secret.metadata.resource_version}: {self.ring_of(secret)!r}"
+                f" rv={meta(secret).resource_version}: {self.ring_of(secret)!r}"
             )
         except Exception as exc:
             out.append(f"(secret not readable: {type(exc).__name__}: {exc})")
         try:
             for pod in self.pods():
                 status = pod.status
+                assert status is not None, name_of(pod)
                 ready = [c.status for c in (status.conditions or []) if c.type == "Ready"]
                 out.append(
-                    f"pod {pod.metadata.name}: phase={status.phase} ready={ready}"
-                    f" podIP={status.pod_ip} deleting={pod.metadata.deletion_timestamp}"
+                    f"pod {name_of(pod)}: phase={status.phase} ready={ready}"
+                    f" podIP={status.pod_ip} deleting={meta(pod).deletion_timestamp}"
                 )
         except Exception as exc:
             out.append(f"(pods not readable: {type(exc).__name__}: {exc})")
@@ -451,7 +455,8 @@ def control_plane_fleet(
 
 
 @dataclass(kw_only=True)
-class ACLControlPlaneFleet(ControlPlaneFleet, RedisFleet):
+# ``admin`` is ControlPlaneFleet's (the API client): the Redis admin is ``redis_admin()``.
+class ACLControlPlaneFleet(ControlPlaneFleet, RedisFleet):  # type: ignore[misc]
     """A :class:`ControlPlaneFleet` on a Redis the test runs, every component under its own
     ACL user (:class:`~fleetkit.redisrig.RedisFleet`): the replicas and routers with
     exactly ``RedisKeys(fleet).acl_rules(component)`` and a password file, the test's own

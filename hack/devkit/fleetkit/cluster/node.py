@@ -37,6 +37,7 @@ cluster in about a minute where kind takes several.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -63,6 +64,7 @@ from fleetkit.cluster.controlplane import (
     tools_bin_dir,
     wait_for,
 )
+from fleetkit.cluster.pods import meta, name_of
 
 NODE_NAME = "mcpfleet-node"
 BRIDGE = "mcpfleet0"
@@ -434,7 +436,10 @@ class Node:
             for path in [*dirs, root]:
                 try:
                     wait_for(
-                        lambda p=path: _rmdir(p), timeout=10, interval=0.2, what=f"rmdir {path}"
+                        functools.partial(_rmdir, path),
+                        timeout=10,
+                        interval=0.2,
+                        what=f"rmdir {path}",
                     )
                 except TimeoutError:
                     report.failed.append(f"cgroup {path} could not be removed")
@@ -785,6 +790,7 @@ disabled_plugins = [
                 if exc.status == 404:
                     return False
                 raise
+        assert node.status is not None and node.spec is not None, NODE_NAME
         conditions = {c.type: c.status for c in (node.status.conditions or [])}
         taints = [t.key for t in (node.spec.taints or [])]
         return conditions.get("Ready") == "True" and not taints
@@ -799,10 +805,10 @@ disabled_plugins = [
             with k8s.ApiClient(self._admin_config()) as api:
                 core = k8s.CoreV1Api(api)
                 for pod in core.list_pod_for_all_namespaces().items:
+                    namespace = meta(pod).namespace
+                    assert namespace is not None, name_of(pod)
                     with contextlib.suppress(ApiException):
-                        core.delete_namespaced_pod(
-                            pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
-                        )
+                        core.delete_namespaced_pod(name_of(pod), namespace, grace_period_seconds=0)
             wait_for(lambda: not self._running_tasks(), timeout=30, interval=0.5, what="no task")
         except Exception:  # teardown goes on: what is left is killed below
             pass

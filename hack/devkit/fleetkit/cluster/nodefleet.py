@@ -48,6 +48,7 @@ from kubernetes.client.exceptions import ApiException
 from fleetkit.cluster.chartkit import CHART
 from fleetkit.cluster.controlplane import Helm, tools_bin_dir, wait_for
 from fleetkit.cluster.node import GATEWAY, Node
+from fleetkit.cluster.pods import meta, name_of
 from fleetkit.fleet import ProcessFleet, diagnostics, require_redis, running
 from mcpfleet.contract import (
     COMPONENT_LABEL,
@@ -200,7 +201,8 @@ class NodeFleet(ProcessFleet):
             "type": "Opaque",
             "data": {KEYRING_FILE: _b64(KeyRing.generate().to_document())},
         }
-        self.core.create_namespaced_secret(self.namespace, secret)
+        # The client's validate_call makes the V1Secret of the dict.
+        self.core.create_namespaced_secret(self.namespace, secret)  # type: ignore[arg-type]
 
     # --- pods ---------------------------------------------------------------------------
 
@@ -212,7 +214,7 @@ class NodeFleet(ProcessFleet):
 
     def replica_names(self) -> list[str]:
         """Replica pods that are Ready and not being deleted."""
-        return sorted(p.metadata.name for p in self.pods() if _ready(p))
+        return sorted(name_of(p) for p in self.pods() if _ready(p))
 
     def wait_serving(self, count: int, timeout: float = 180.0) -> list[str]:
         """Until ``count`` replica pods are Ready and each is attested in Redis."""
@@ -236,8 +238,8 @@ class NodeFleet(ProcessFleet):
                 waiting = status.state.waiting if status.state else None
                 if waiting and waiting.reason in ("ErrImageNeverPull", "CrashLoopBackOff"):
                     raise FleetError(
-                        f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message}\n"
-                        f"{self.pod_log(pod.metadata.name, previous=True)}"
+                        f"pod {name_of(pod)}: {waiting.reason}: {waiting.message}\n"
+                        f"{self.pod_log(name_of(pod), previous=True)}"
                     )
 
     def pod_log(self, name: str, *, lines: int = 40, previous: bool = False) -> str:
@@ -252,6 +254,7 @@ class NodeFleet(ProcessFleet):
 
     def container_id(self, name: str) -> str:
         pod = self.core.read_namespaced_pod(name, self.namespace)
+        assert pod.status is not None and pod.status.container_statuses is not None, name
         (status,) = pod.status.container_statuses
         if not status.container_id:
             raise FleetError(f"pod {name} has no running container")
@@ -259,7 +262,8 @@ class NodeFleet(ProcessFleet):
 
     def restarts(self, name: str) -> int:
         pod = self.core.read_namespaced_pod(name, self.namespace)
-        return sum(s.restart_count for s in pod.status.container_statuses or [])
+        assert pod.status is not None, name
+        return sum(s.restart_count or 0 for s in pod.status.container_statuses or [])
 
     def kill(self, name: str) -> None:
         """SIGKILL the replica's container: no drain. Returns once it is dead."""
@@ -302,22 +306,23 @@ class NodeFleet(ProcessFleet):
     def rotate_step(self, step: str) -> KeyRing:
         """Read the Secret, apply one step, update it (resourceVersion), then nudge the pods."""
         secret = self.keyring_secret()
+        assert secret.data is not None, self.secret_name
         ring: KeyRing = getattr(
             KeyRing.from_document(base64.b64decode(secret.data[KEYRING_FILE])), step
         )()
         secret.data = {**secret.data, KEYRING_FILE: _b64(ring.to_document())}
         written = self.core.replace_namespaced_secret(self.secret_name, self.namespace, secret)
         if self.nudge:
-            self.nudge_pods(str(written.metadata.resource_version))
+            self.nudge_pods(str(meta(written).resource_version))
         return ring
 
     def nudge_pods(self, generation: str) -> None:
         """Bump the annotation on every replica pod: the kubelet syncs a pod that changed."""
         body = {"metadata": {"annotations": {KEYRING_NUDGE_ANNOTATION: generation}}}
         for pod in self.pods():
-            if pod.metadata.deletion_timestamp is None:
+            if meta(pod).deletion_timestamp is None:
                 with contextlib.suppress(ApiException):  # gone meanwhile
-                    self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
+                    self.core.patch_namespaced_pod(name_of(pod), self.namespace, body)
 
     def wait_attested(self, kids: tuple[str, ...], timeout: float = 30.0) -> None:
         """Until every Ready replica pod attests exactly ``kids``."""
@@ -340,7 +345,7 @@ class NodeFleet(ProcessFleet):
             yield "pods", f"(not readable: {type(exc).__name__}: {exc})"
             pods = []
         for pod in pods:
-            yield pod.metadata.name, self.pod_log(pod.metadata.name)
+            yield name_of(pod), self.pod_log(name_of(pod))
         for proc in self.router_procs:
             yield proc.name, proc.tail()
 
@@ -349,13 +354,14 @@ class NodeFleet(ProcessFleet):
         try:
             for pod in self.pods():
                 st = pod.status
+                assert st is not None, name_of(pod)
                 statuses = [
                     (s.name, s.ready, s.restart_count, s.state.to_dict() if s.state else None)
                     for s in st.container_statuses or []
                 ]
                 out.append(
-                    f"pod {pod.metadata.name}: phase={st.phase} ip={st.pod_ip}"
-                    f" deleting={pod.metadata.deletion_timestamp} containers={statuses}"
+                    f"pod {name_of(pod)}: phase={st.phase} ip={st.pod_ip}"
+                    f" deleting={meta(pod).deletion_timestamp} containers={statuses}"
                 )
             events = self.core.list_namespaced_event(self.namespace).items[-20:]
             out += [f"event {e.involved_object.name}: {e.reason}: {e.message}" for e in events]
@@ -365,7 +371,7 @@ class NodeFleet(ProcessFleet):
 
 
 def _ready(pod: k8s.V1Pod) -> bool:
-    if pod.metadata.deletion_timestamp is not None or pod.status is None:
+    if meta(pod).deletion_timestamp is not None or pod.status is None:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 

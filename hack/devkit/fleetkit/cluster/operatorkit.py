@@ -14,6 +14,7 @@ by ``python -m fleetkit.cluster up --fleet N`` and by the bench.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import signal
@@ -26,7 +27,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 import yaml
@@ -38,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetkit.cluster.controlplane import ControlPlane, free_port, repo_root, tail, wait_for
 from fleetkit.cluster.cpfleet import ControlPlaneFleet, acl_control_plane_fleet, control_plane_fleet
 from fleetkit.cluster.helm import Helm
+from fleetkit.cluster.pods import meta
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer
 from mcpfleet.config import DEFAULT_APP
@@ -80,7 +82,8 @@ def apply_crds(api: k8s.ApiClient, docs: Sequence[dict[str, Any]], timeout: floa
     for crd in crds:
         name = crd["metadata"]["name"]
         try:
-            ext.create_custom_resource_definition(crd)
+            # The client's validate_call makes the model of a dict (here and below).
+            ext.create_custom_resource_definition(crd)  # type: ignore[arg-type]
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -89,18 +92,22 @@ def apply_crds(api: k8s.ApiClient, docs: Sequence[dict[str, Any]], timeout: floa
                 **crd,
                 "metadata": {
                     **crd["metadata"],
-                    "resourceVersion": current.metadata.resource_version,
+                    "resourceVersion": meta(current).resource_version,
                 },
             }
-            ext.replace_custom_resource_definition(name, crd)
+            ext.replace_custom_resource_definition(name, crd)  # type: ignore[arg-type]
 
     def established(name: str) -> bool:
-        conditions = ext.read_custom_resource_definition(name).status.conditions or []
+        status = ext.read_custom_resource_definition(name).status
+        assert status is not None, name
+        conditions = status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conditions)
 
     for crd in crds:
         name = crd["metadata"]["name"]
-        wait_for(lambda n=name: established(n), timeout=timeout, what=f"CRD {name} Established")
+        wait_for(
+            functools.partial(established, name), timeout=timeout, what=f"CRD {name} Established"
+        )
 
 
 def apply_operator_objects(
@@ -115,11 +122,11 @@ def apply_operator_objects(
         if kind not in OPERATOR_KINDS:
             continue
         if kind == "ServiceAccount":
-            core.create_namespaced_service_account(namespace, doc)
+            core.create_namespaced_service_account(namespace, doc)  # type: ignore[arg-type]
         elif kind == "Role":
-            rbac.create_namespaced_role(namespace, doc)
+            rbac.create_namespaced_role(namespace, doc)  # type: ignore[arg-type]
         elif kind == "RoleBinding":
-            rbac.create_namespaced_role_binding(namespace, doc)
+            rbac.create_namespaced_role_binding(namespace, doc)  # type: ignore[arg-type]
         else:
             custom.create_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", doc)
         applied.append(doc)
@@ -297,15 +304,21 @@ class Resources:
         return k8s.CustomObjectsApi(self.api)
 
     def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, plural, body
+        result = cast(
+            dict[str, Any],
+            self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, body
+            ),
         )
         return result
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         try:
-            result: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural, name
+            result = cast(
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, plural, name
+                ),
             )
         except ApiException as exc:
             if exc.status == 404:
@@ -347,8 +360,12 @@ class Resources:
         return wait_for(reached, timeout=timeout, interval=0.1, what=f"rotation {name} {phase}")
 
     def wait_keyring(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.keyring(name)
+            return status if status.get("phase") == phase else None
+
         return wait_for(
-            lambda: (s := self.keyring(name)).get("phase") == phase and s,
+            reached,
             timeout=timeout,
             interval=0.1,
             what=f"keyring {name} {phase}",
@@ -362,7 +379,7 @@ class Resources:
         )
         return items
 
-    def event_reasons(self, name: str) -> set[str]:
+    def event_reasons(self, name: str) -> set[str | None]:
         return {e.reason for e in self.events(name)}
 
 

@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client as k8s
 
 from fleetkit.cluster.controlplane import LOOPBACK
+
+
+class _Object(Protocol):
+    """An object the API server returns (a Pod, a Node, a Secret, ...)."""
+
+    metadata: k8s.V1ObjectMeta | None
+
+
+def meta(obj: _Object) -> k8s.V1ObjectMeta:
+    """``obj.metadata``: the client types it optional; the API server always sends it."""
+    assert obj.metadata is not None, obj
+    return obj.metadata
+
+
+def name_of(obj: _Object) -> str:
+    """``obj.metadata.name``, which every object the API server returns has."""
+    name = meta(obj).name
+    assert name is not None, obj
+    return name
 
 
 def make_pod_ready(

@@ -125,6 +125,7 @@ def cluster_ip_reach(core: k8s.CoreV1Api) -> Callable[[str, str, int], tuple[str
 
     def reach(namespace: str, service: str, port: int) -> tuple[str, int]:
         svc = core.read_namespaced_service(service, namespace)
+        assert svc.spec is not None, service
         return str(svc.spec.cluster_ip), port
 
     return reach

@@ -42,10 +42,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fleetkit.conformance.modern import ModernResult, modern_table, run_modern
-from mcpfleet.dev.fleet import FleetError, LocalFleet
+from mcpfleet.dev.fleet import FleetError
+
+if TYPE_CHECKING:
+    from fleetkit.fleet import Fleet
 
 REPO = Path(__file__).resolve().parents[4]
 TESTS_DIR = REPO / "tests"
@@ -381,7 +384,7 @@ class Rotator(threading.Thread):
 
     STEPS = ("stage", "promote", "retire")
 
-    def __init__(self, fleet: LocalFleet) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         super().__init__(name="conformance-rotator", daemon=True)
         self.fleet = fleet
         self.halt = threading.Event()
