@@ -36,12 +36,15 @@ COPY operator ./operator
 # (--no-deps): Debian bookworm's pip 23.0 mis-resolves a dependency's extras
 # under --require-hashes (pydocket's py-key-value-aio[memory,redis] in the
 # tasks set: it fetched an unpinned newer version and stopped). `pip check`
-# then proves the installed set complete and consistent.
+# then proves the installed set complete and consistent. Two distributions
+# come from the source: mcpfleet (pyproject.toml) and the example apps beside it,
+# mcpfleet-examples (server/pyproject.toml), which the chart's default server.app
+# (mcpfleet_examples.app:app) and its `helm test` serve.
 RUN if [ -f /etc/ssl/certs/ca-certificates.crt ]; then \
         export PIP_CERT=/etc/ssl/certs/ca-certificates.crt; \
     fi; \
     /opt/mcpfleet/bin/pip install --no-cache-dir --require-hashes --no-deps -r "hack/lock/${LOCK}.txt" ; \
-    /opt/mcpfleet/bin/pip install --no-cache-dir --no-deps . ; \
+    /opt/mcpfleet/bin/pip install --no-cache-dir --no-deps . ./server ; \
     /opt/mcpfleet/bin/pip check ; \
     /opt/mcpfleet/bin/pip uninstall --yes pip ; \
     rm -f /opt/mcpfleet/bin/activate* /opt/mcpfleet/bin/Activate.ps1

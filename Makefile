@@ -11,12 +11,14 @@ STAMP := $(VENV)/.installed
 .PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards flags-docs rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load autoscaling-images kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
-# project itself, editable, on top of it.
-$(STAMP): pyproject.toml hack/lock/dev.txt
+# project itself, editable, on top of it: mcpfleet (pyproject.toml) and the
+# example apps beside it, mcpfleet-examples (server/pyproject.toml), which
+# `make run` and the tests serve.
+$(STAMP): pyproject.toml server/pyproject.toml hack/lock/dev.txt
 	test -x $(PY) || bash hack/venv.sh $(PYTHON) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --require-hashes -r hack/lock/dev.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps -e . -e ./server
 	touch $(STAMP)
 
 # `make help`: every target with the `## ` description on its line. (A bare
@@ -30,11 +32,11 @@ venv: $(STAMP) ## the virtual environment in .venv, with the project and its tes
 # published for (hack/lock/tasks.txt; docs/tasks.md says why), so it is a venv
 # of its own beside .venv.
 TASKS_VENV := .venv-tasks
-$(TASKS_VENV)/.installed: pyproject.toml hack/lock/tasks.txt
+$(TASKS_VENV)/.installed: pyproject.toml server/pyproject.toml hack/lock/tasks.txt
 	test -x $(TASKS_VENV)/bin/python || bash hack/venv.sh $(PYTHON) $(TASKS_VENV)
 	$(TASKS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(TASKS_VENV)/bin/python -m pip install -q --require-hashes -r hack/lock/tasks.txt
-	$(TASKS_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(TASKS_VENV)/bin/python -m pip install -q --no-deps -e . -e ./server
 	touch $@
 
 venv-tasks: $(TASKS_VENV)/.installed ## the venv of the MCP tasks tests (.venv-tasks: the [test] and [tasks] extras)
@@ -53,7 +55,7 @@ LATEST_TIERS ?= unit or packaging
 venv-latest: ## .venv-latest: every dependency at the newest version pyproject.toml's bounds allow, resolved again each time
 	test -x $(LATEST_VENV)/bin/python || bash hack/venv.sh $(PYTHON) $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]'
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]' -e ./server
 	@echo "newest within the bounds:" $$($(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(fastmcp|mcp|redis|uvicorn|starlette|pydantic|aiohttp|cryptography|prometheus[-_]client|opentelemetry-sdk|kopf)==')
 
 test-latest: venv-latest $(if $(filter fleet faults,$(LATEST_TIERS)),deps bench-deps) ## LATEST_TIERS (default "unit or packaging"; "fleet" for the fleet tier) on the newest dependencies the bounds allow, in .venv-latest
@@ -95,8 +97,8 @@ lint: venv ## ruff, ruff format --check, hadolint, the import contracts (lint-im
 	$(VENV)/bin/mypy -p fleetkit -p benchkit
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
-typecheck: venv ## mypy --strict over both packages
-	$(VENV)/bin/mypy -p mcpfleet -p mcpfleet_operator
+typecheck: venv ## mypy --strict over the packages (mcpfleet, mcpfleet_operator, the example apps)
+	$(VENV)/bin/mypy -p mcpfleet -p mcpfleet_operator -p mcpfleet_examples
 
 # The node tier (tests/node) needs root, its Debian packages and the image; the
 # e2e tier runs on a kind cluster (E2E_PROVIDER=kind: three nodes on podman, the

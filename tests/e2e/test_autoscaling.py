@@ -39,7 +39,7 @@ from fleetkit.cluster import autoscaler
 from fleetkit.cluster.chartfleet import ChartFleet, ready
 from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
-from mcpfleet.example.app import WEEKLY_REPORT
+from mcpfleet_examples.app import WEEKLY_REPORT
 
 pytestmark = pytest.mark.timeout(1500)
 

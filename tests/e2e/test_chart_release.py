@@ -30,8 +30,8 @@ from fleetkit.cluster.chartfleet import GROUP, VERSION, ChartFleet, ready
 from fleetkit.cluster.controlplane import wait_for
 from fleetkit.cluster.providers import Cluster
 from mcpfleet.contract import KEYRING_NUDGE_ANNOTATION
-from mcpfleet.example.app import WEEKLY_REPORT
 from mcpfleet.fleetclient import Trace, connect
+from mcpfleet_examples.app import WEEKLY_REPORT
 
 pytestmark = pytest.mark.timeout(900)
 

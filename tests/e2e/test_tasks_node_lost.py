@@ -1,7 +1,7 @@
 """MCP tasks on kind: a worker lost while its replica runs tasks loses none of them.
 
 The chart installed with an app with tasks, as a user installs one: the
-example app ``mcpfleet.example.tasks:app`` in the image made for apps with
+example app ``mcpfleet_examples.tasks:app`` in the image made for apps with
 tasks (``make image-tasks``: ``localhost/mcpfleet:<version>-tasks``, the
 [tasks] extra's locked set), ``server.tasks.redelivery`` 10 s, three replicas
 spread over the two workers. Tasks of 30 s are created through the router;
@@ -57,7 +57,7 @@ CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 TAKES_A_NODE_AWAY = True
 BRINGS_THE_NODE_BACK = True
 
-APP = "mcpfleet.example.tasks:app"
+APP = "mcpfleet_examples.tasks:app"
 #: server.tasks.redelivery: seconds after which a lost worker's task runs elsewhere.
 REDELIVERY = 10
 #: Tasks created, and the steps of each (one a second): as many tasks as one

@@ -31,10 +31,10 @@ from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, acl_log
 from mcpfleet import redisconn
 from mcpfleet.dev.wait import wait_for
-from mcpfleet.example.app import WEEKLY_REPORT
 from mcpfleet.fleetclient import connect
 from mcpfleet.once import ONCE_META_KEY, RETRY_CODE
 from mcpfleet.registry import read_replicas, read_replicas_sync
+from mcpfleet_examples.app import WEEKLY_REPORT
 
 from .conftest import shared
 

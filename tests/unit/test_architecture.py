@@ -20,7 +20,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-ROOTS = {"server": "mcpfleet", "operator": "mcpfleet_operator"}
+#: Each package under its source root: the product's two, and the example apps beside it.
+PACKAGES = (
+    ("server", "mcpfleet"),
+    ("operator", "mcpfleet_operator"),
+    ("server", "mcpfleet_examples"),
+)
+ROOTS = tuple(dict.fromkeys(root for root, _ in PACKAGES))
 
 
 def contract_ids() -> set[str]:
@@ -72,7 +78,14 @@ BAD_IMPORTS = [
         "import mcpfleet.commands",
         "operator-meets-server",
     ),
-    ("server/mcpfleet/example/app.py", "from mcpfleet.guard import ask", "apps-use-public-api"),
+    ("server/mcpfleet_examples/app.py", "from mcpfleet.guard import ask", "apps-use-public-api"),
+    # The wheel holds the product: an app is named by a string, never imported.
+    ("server/mcpfleet/dev/booking.py", "import mcpfleet_examples.app", "product-without-examples"),
+    (
+        "operator/mcpfleet_operator/api.py",
+        "from mcpfleet_examples import app",
+        "product-without-examples",
+    ),
     ("server/mcpfleet/router/decisions.py", "from mcpfleet.router import replicas", "no-cycles"),
 ]
 
@@ -83,7 +96,7 @@ def test_every_contract_has_a_bad_import_that_breaks_it() -> None:
 
 @pytest.fixture
 def packages_copy(tmp_path: Path) -> Path:
-    for root, package in ROOTS.items():
+    for root, package in PACKAGES:
         shutil.copytree(
             ROOT / root / package,
             tmp_path / root / package,
@@ -145,7 +158,7 @@ def redis_calls(source: str) -> list[str]:
 
 
 def product_modules() -> list[Path]:
-    return sorted(p for root, pkg in ROOTS.items() for p in (ROOT / root / pkg).rglob("*.py"))
+    return sorted(p for root, pkg in PACKAGES for p in (ROOT / root / pkg).rglob("*.py"))
 
 
 def test_no_module_but_redisconn_calls_the_redis_package() -> None:

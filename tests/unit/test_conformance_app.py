@@ -22,7 +22,7 @@ from mcp_types import (
     TextContent,
 )
 
-from mcpfleet.example.conformance import ADDRESS_SCHEMA, PNG, WAV, app
+from mcpfleet_examples.conformance import ADDRESS_SCHEMA, PNG, WAV, app
 
 ERAS = ["auto", "legacy"]  # auto negotiates 2026-07-28; legacy a handshake-era session
 

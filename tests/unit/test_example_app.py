@@ -8,8 +8,8 @@ import pytest
 from fastmcp import Client
 from mcp_types import ElicitResult
 
-from mcpfleet.example.app import app
 from mcpfleet.fleetclient import default_answer
+from mcpfleet_examples.app import app
 
 ERAS = ["auto", "legacy"]
 

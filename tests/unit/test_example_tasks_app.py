@@ -1,4 +1,4 @@
-"""The example app with MCP tasks (mcpfleet.example.tasks), alone, on FastMCP's own engine.
+"""The example app with MCP tasks (mcpfleet_examples.tasks), alone, on FastMCP's own engine.
 
 On the fleet the e2e tier serves it from the tasks image (tests/e2e/test_tasks_node_lost.py);
 here it runs in memory, on the engine's in-process queue, where the [tasks]
@@ -20,7 +20,7 @@ pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make venv-tasks,
 
 from fastmcp_tasks.client import call_tool_task
 
-from mcpfleet.example.tasks import app
+from mcpfleet_examples.tasks import app
 
 pytestmark = [pytest.mark.unit, pytest.mark.tasks]
 

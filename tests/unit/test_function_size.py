@@ -1,8 +1,9 @@
 """No function of the product is longer than a reader can hold at once.
 
-Every module under ``server/mcpfleet`` and ``operator/mcpfleet_operator`` is
-parsed; a function (or method) whose text, from its ``def`` line to its last
-line (docstring included, decorators not), runs over :data:`LIMIT` lines fails
+Every module under ``server/mcpfleet`` and ``operator/mcpfleet_operator``, and
+of the example apps beside them (``server/mcpfleet_examples``), is parsed; a
+function (or method) whose text, from its ``def`` line to its last line
+(docstring included, decorators not), runs over :data:`LIMIT` lines fails
 the test, unless :data:`EXCEPTIONS` names it with the reason it stays whole. A
 long function is split along its steps; what stays is a declarative table (a
 list of flags, of metric declarations, of ACL rules), where splitting would
@@ -15,7 +16,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = (ROOT / "server" / "mcpfleet", ROOT / "operator" / "mcpfleet_operator")
+SOURCES = (
+    ROOT / "server" / "mcpfleet",
+    ROOT / "operator" / "mcpfleet_operator",
+    ROOT / "server" / "mcpfleet_examples",
+)
 
 #: The longest a function may be, in lines.
 LIMIT = 60

@@ -13,8 +13,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, generate_latest
 
 from mcpfleet import PrometheusMiddleware
-from mcpfleet.example.app import app
 from mcpfleet.fleetclient import default_answer
+from mcpfleet_examples.app import app
 
 MODERN, HANDSHAKE = "auto", "legacy"
 ERA = {MODERN: "modern", HANDSHAKE: "handshake"}

@@ -84,7 +84,7 @@ def test_replica_metrics_count_rounds_seals_and_unseals_by_kid(
     assert value(m, "mcpfleet_requeststate_seals_total", kid=kid) == 3
     assert value(m, "mcpfleet_requeststate_unseals_total", kid=kid) == 3
     assert value(m, "mcpfleet_keyring_info", kids=kid, phase="stable") == 1
-    assert value(m, "mcpfleet_replica_build_info", app="mcpfleet.example.app:app") == 1
+    assert value(m, "mcpfleet_replica_build_info", app="mcpfleet_examples.app:app") == 1
     assert value(m, "mcpfleet_replica_ready") == 1
     assert value(m, "mcpfleet_replica_draining") == 0
 

@@ -186,7 +186,7 @@ def start_plain_fastmcp(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     code = (
         "import uvicorn\n"
-        "from mcpfleet.example.app import app\n"
+        "from mcpfleet_examples.app import app\n"
         f"uvicorn.run(app.http_app(path='/mcp'), host='127.0.0.1', port={port},"
         " log_level='warning', access_log=False)\n"
     )

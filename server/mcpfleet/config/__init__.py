@@ -27,11 +27,14 @@ from __future__ import annotations
 
 from mcpfleet.config._configs import (
     DEFAULT_APP,
+    MOVED_APP_MODULES,
     POD_IP_ENV,
     POD_NAME_ENV,
     SESSION_IDLE,
     ReplicaConfig,
     RouterConfig,
+    first_app_name,
+    moved_app_module,
 )
 from mcpfleet.config._limits import LIMIT_SETTINGS
 from mcpfleet.config._replica import REPLICA_FLAGS
@@ -64,6 +67,7 @@ __all__ = [
     "FROM_CONFIG",
     "HOST",
     "LIMIT_SETTINGS",
+    "MOVED_APP_MODULES",
     "POD_IP_ENV",
     "POD_NAME_ENV",
     "PORT",
@@ -78,7 +82,9 @@ __all__ = [
     "ReplicaConfig",
     "RouterConfig",
     "Setting",
+    "first_app_name",
     "fleet_name",
+    "moved_app_module",
     "non_negative",
     "non_negative_int",
     "port",

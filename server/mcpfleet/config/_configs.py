@@ -18,8 +18,42 @@ from mcpfleet.contract import DEFAULT_FLEET, HEARTBEAT_INTERVAL, HEARTBEAT_TTL
 from mcpfleet.limits import Count, LimitRules, Rate
 from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT, RedisFiles
 
-#: The app ``mcpfleet serve`` runs when no ``--app`` is given.
-DEFAULT_APP = "mcpfleet.example.app:app"
+#: The app ``mcpfleet serve`` runs when no ``--app`` is given: the example app, in
+#: the package ``mcpfleet_examples`` beside ``mcpfleet`` (the ``mcpfleet-examples``
+#: distribution, which the image and the development venv install).
+DEFAULT_APP = "mcpfleet_examples.app:app"
+
+#: App modules that moved, by their former package: 0.1.0 shipped the example apps
+#: inside ``mcpfleet``, and its default app, ``mcpfleet.example.app:app``, is in
+#: users' values files (the chart's ``server.app``). An ``--app`` under a former
+#: name is loaded from the new one (:func:`mcpfleet.replica.appload.load_app`,
+#: with one log line).
+MOVED_APP_MODULES = {"mcpfleet.example": "mcpfleet_examples"}
+
+
+def _rename(module: str, table: dict[str, str]) -> str | None:
+    for old, new in table.items():
+        if module == old or module.startswith(old + "."):
+            return new + module[len(old) :]
+    return None
+
+
+def moved_app_module(module: str) -> str | None:
+    """Where the app module ``module`` is now, if it moved (None if it did not)."""
+    return _rename(module, MOVED_APP_MODULES)
+
+
+def first_app_name(spec: str) -> str:
+    """The app spec ``spec`` under its module's first name (unchanged if it never moved).
+
+    What a replica's default request-state audience is made of: replicas that
+    name one app by its old and its new name (a rollout from 0.1.0's default)
+    seal and unseal for the same audience, so no asking round is lost on the way.
+    """
+    module, sep, attr = spec.partition(":")
+    first = _rename(module, {new: old for old, new in MOVED_APP_MODULES.items()})
+    return f"{first}{sep}{attr}" if first else spec
+
 
 #: The variable a replica takes its name from when ``--name`` is not given (the
 #: chart sets it from the downward API), before ``host-port``.
@@ -145,6 +179,10 @@ class ReplicaConfig:
 
     def resolved_name(self) -> str:
         return self.name or os.environ.get(POD_NAME_ENV) or f"{socket.gethostname()}-{self.port}"
+
+    def resolved_audience(self) -> str:
+        """``--audience``, or ``mcpfleet/<app>`` with the app under its first name."""
+        return self.audience or f"mcpfleet/{first_app_name(self.app)}"
 
     def resolved_address(self) -> str:
         if self.advertise:

@@ -22,6 +22,7 @@ cost every round CPU and reach no exporter.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from fastmcp import FastMCP
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from opentelemetry import trace
 
+from mcpfleet.config import DEFAULT_APP, moved_app_module
 from mcpfleet.keys.codec import ReloadableCodec
 
 log = logging.getLogger("mcpfleet.replica")
@@ -42,14 +44,32 @@ class AppLoadError(Exception):
 
 
 def load_app(spec: str) -> FastMCP[Any]:
-    """Import ``module:attribute`` and return the FastMCP server it names."""
+    """Import ``module:attribute`` and return the FastMCP server it names.
+
+    A module that moved (:data:`mcpfleet.config.MOVED_APP_MODULES`: 0.1.0's
+    ``mcpfleet.example``) is imported from where it is now, and one line says so.
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise AppLoadError(f"--app must look like 'package.module:attribute', got {spec!r}")
+    moved = moved_app_module(module_name)
+    if moved is not None:
+        log.warning(
+            "--app %s: module %s moved to %s; serving %s:%s (give that name in --app,"
+            " the chart's server.app)",
+            spec,
+            module_name,
+            moved,
+            moved,
+            attr,
+        )
+        module_name = moved
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise AppLoadError(f"--app {spec!r}: cannot import module {exc.name!r}") from None
+        raise AppLoadError(
+            f"--app {spec!r}: cannot import module {exc.name!r}{_hint(exc)}"
+        ) from None
     except Exception as exc:
         raise AppLoadError(
             f"--app {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
@@ -74,6 +94,18 @@ def load_app(spec: str) -> FastMCP[Any]:
     if not isinstance(obj, FastMCP):
         raise AppLoadError(f"--app {spec!r} is a {type(obj).__name__}, not a FastMCP server")
     return obj
+
+
+def _hint(exc: ModuleNotFoundError) -> str:
+    """What to install when the example apps' package is missing (not one of its modules)."""
+    examples = DEFAULT_APP.partition(".")[0]
+    if (exc.name or "").partition(".")[0] != examples or importlib.util.find_spec(examples):
+        return ""
+    return (
+        " (the example apps are the distribution mcpfleet-examples, apart from mcpfleet:"
+        " install it, `pip install ./server` in mcpfleet's repository, or give --app"
+        " your own app)"
+    )
 
 
 #: FastMCP ``major.minor`` versions whose internals :func:`install_codec` is tested on.

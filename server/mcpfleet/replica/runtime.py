@@ -103,7 +103,7 @@ class Replica:
             log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.limiter, self.rules_watcher = wiring.limits(config, self.metrics)
-        self.audience = config.audience or f"mcpfleet/{config.app}"
+        self.audience = config.resolved_audience()
         install_codec(self.mcp_app, self.codec, audience=self.audience, ttl=config.state_ttl)
         # subscriptions/listen for the app, over the fleet's bus (mcpfleet.notify).
         self.notify = install_notifications(

@@ -5,10 +5,12 @@ mapped there). Every module now lives one level up: ``mcpfleet.server.guard``
 is ``mcpfleet.guard``, and the public API is ``from mcpfleet import ...``.
 Importing ``mcpfleet.server`` (or any ``mcpfleet.server.<module>``, e.g. an app
 given as ``mcpfleet.server.example.app:app``) warns once and hands back the
-module under its new name: the very same module object, never a second copy
-(a second copy would register its Prometheus metrics twice and break ``is``
-checks on its types). It goes away in :data:`REMOVED_IN` (the next minor
-release after 0.1.0; CHANGELOG.md says so too).
+module under its new name (the example apps' is ``mcpfleet_examples.<module>``:
+they left the package, :data:`mcpfleet.config.MOVED_APP_MODULES`): the very
+same module object, never a second copy (a second copy would register its
+Prometheus metrics twice and break ``is`` checks on its types). It goes away
+in :data:`REMOVED_IN` (the next minor release after 0.1.0; CHANGELOG.md says
+so too).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
+
+from mcpfleet.config import moved_app_module
 
 _OLD = "mcpfleet.server."
 #: The release that no longer has this import path.
@@ -55,6 +59,7 @@ class _OldPaths(importlib.abc.MetaPathFinder):
         if not fullname.startswith(_OLD):
             return None
         new = "mcpfleet." + fullname[len(_OLD) :]
+        new = moved_app_module(new) or new
         if importlib.util.find_spec(new) is None:
             return None
         return importlib.machinery.ModuleSpec(fullname, _Alias(new))

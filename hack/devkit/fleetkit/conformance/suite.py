@@ -2,7 +2,7 @@
 
 ``make conformance`` (``python -m fleetkit.conformance``) and the
 ``tests/conformance`` tier both come here. One local fleet of three replicas
-serving :mod:`mcpfleet.example.conformance` is started, and every server
+serving :mod:`mcpfleet_examples.conformance` is started, and every server
 scenario of the pinned suite (the active and the pending ones: ``--suite
 all``) runs three times:
 
@@ -57,7 +57,7 @@ INSTALLER = REPO / "hack" / "conformance" / "install.sh"
 CACHE = REPO / ".cache" / "conformance"
 RESULTS = CACHE / "results"
 EXPECTED = TESTS_DIR / "conformance" / "expected.json"
-APP = "mcpfleet.example.conformance:app"
+APP = "mcpfleet_examples.conformance:app"
 
 #: The three runs, in table order, and the table's column names for them.
 TARGETS = ("direct", "fleet", "rotation")

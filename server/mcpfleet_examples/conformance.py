@@ -15,7 +15,7 @@ the user for input (``test_elicitation``, ``test_elicitation_sep1034_defaults``,
 definition, and ``test_sampling`` shows the same two-era shape by hand for a
 sampling request.
 
-Run it with ``mcpfleet dev --app mcpfleet.example.conformance:app``.
+Run it with ``mcpfleet dev --app mcpfleet_examples.conformance:app``.
 
 What the installed fastmcp does not offer, the replica runtime adds for any
 app, and this app writes nothing for it (docs/notifications.md):

@@ -7,8 +7,8 @@ It needs the ``[tasks]`` extra, so it runs in the image made for it
 (``make image-tasks``: ``localhost/mcpfleet:<version>-tasks``), in
 ``.venv-tasks``, or wherever ``pip install 'mcpfleet[tasks]'`` resolved:
 
-    mcpfleet serve --app mcpfleet.example.tasks:app --redis redis://...
-    helm install mcp charts/mcpfleet --set server.app=mcpfleet.example.tasks:app \\
+    mcpfleet serve --app mcpfleet_examples.tasks:app --redis redis://...
+    helm install mcp charts/mcpfleet --set server.app=mcpfleet_examples.tasks:app \\
         --set server.image.tag=0.1.0-tasks
 
 ``build_report`` works through ``steps`` steps of ``step_seconds`` each and
