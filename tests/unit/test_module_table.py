@@ -128,7 +128,7 @@ def test_the_drawing_shows_the_layers_of_the_contract_in_its_order() -> None:
     assert drawn == merged
 
 
-@pytest.mark.parametrize("package", ["router", "replica"])
+@pytest.mark.parametrize("package", ["router", "replica", "tracing"])
 def test_the_package_docstring_names_each_of_its_modules(package: str) -> None:
     init = ROOT / "server" / "mcpfleet" / package / "__init__.py"
     named = set(re.findall(r"``(\w+)``", init.read_text()))

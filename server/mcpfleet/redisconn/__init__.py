@@ -40,11 +40,12 @@ The package, from the bottom up (each module imports only those before it):
 ``_urls`` parses and redacts URLs; ``_settings`` reads the secret files,
 checks the TLS files and holds the settings and the retry policy a client is
 built with; ``_clients`` builds the clients (Sentinel included) and bounds
-every wait (:func:`within`, :func:`ride_through`, :func:`pool_full`), and
-checks the server's version; ``_direct`` is the once ledger's command driver
-(:class:`DirectCommands`), used only on the redis-py versions it is tested
-with. Every name is imported from here. The command-line flags that build
-settings are :mod:`mcpfleet.commands.redisflags`'s.
+every wait (:func:`within`, :func:`ride_through`, :func:`pool_full`);
+``_version`` checks the server's version at start (:func:`check_version`);
+``_direct`` is the once ledger's command driver (:class:`DirectCommands`),
+used only on the redis-py versions it is tested with. Every name is imported
+from here. The command-line flags that build settings are
+:mod:`mcpfleet.commands.redisflags`'s.
 """
 
 from __future__ import annotations
@@ -55,12 +56,9 @@ from mcpfleet.redisconn._clients import (
     DEFAULT_DEADLINE,
     DEFAULT_FAILOVER_WAIT,
     FAILOVER_PAUSE,
-    MIN_VERSION,
     POOL_SIZE,
     POOL_WAIT,
-    RedisTooOld,
     async_client,
-    check_version,
     describe,
     follow_master,
     mget_by_slot,
@@ -70,7 +68,6 @@ from mcpfleet.redisconn._clients import (
     ride_through,
     sync_client,
     through_sentinel,
-    version_error,
     within,
 )
 from mcpfleet.redisconn._direct import TESTED_REDIS_PY, DirectCommands, direct_driver_problem
@@ -96,6 +93,7 @@ from mcpfleet.redisconn._urls import (
     parse_url,
     redact_url,
 )
+from mcpfleet.redisconn._version import MIN_VERSION, RedisTooOld, check_version, version_error
 
 __all__: Sequence[str] = (
     "DEFAULT_DEADLINE",

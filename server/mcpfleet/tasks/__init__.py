@@ -33,13 +33,15 @@ random bytes, and it is stored under its creator's scope (client id and
 The package, by seam: where the queue lives (``_queue``), the snapshot codecs
 that scrub and seal what the engine stores (``_sealing``), one replica's side
 of the queue, its counts and its drain (``_fleet``), every replacement inside
-the engine beside its version gate (``_engine_hooks``), a task's status changes
+the engine beside its version gate (``_engine_hooks``), the deadline on the
+engine's calls a request waits on (``_deadline``), a task's status changes
 announced and a task read for a listen stream (``_status``), and the wiring of
 an app's extension (``_wire``). Importing it needs no ``fastmcp_tasks``: the
 engine is imported when an app with a tasks extension is wired.
 """
 
-from mcpfleet.tasks._engine_hooks import TESTED_FASTMCP_TASKS, TasksUnavailable, bounded
+from mcpfleet.tasks._deadline import bounded
+from mcpfleet.tasks._engine_hooks import TESTED_FASTMCP_TASKS, TasksUnavailable
 from mcpfleet.tasks._fleet import (
     MAX_TOOL_LABELS,
     REPLICATION_WAIT,

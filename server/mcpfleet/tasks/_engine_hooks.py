@@ -64,11 +64,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR
-
 from mcpfleet import tracing
 from mcpfleet.contract import task_seals_of
+from mcpfleet.tasks._deadline import bounded
 from mcpfleet.tasks._fleet import FleetTasks, TaskEvent, tool_of_key
 from mcpfleet.tasks._limits import prefix_of
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
@@ -86,8 +84,6 @@ TESTED_FASTMCP_TASKS = ("4.1",)
 
 #: Set on each function installed in the engine: installed once, never wrapped twice.
 _MARK = "_mcpfleet_hook"
-#: Set on a call :func:`bounded` made.
-_BOUNDED = "_mcpfleet_bounded"
 
 
 class TasksUnavailable(RuntimeError):
@@ -122,29 +118,6 @@ def tested_engine() -> Any:
         ", ".join(v + ".x" for v in TESTED_FASTMCP_TASKS),
     )
     return TasksExtension
-
-
-def bounded(
-    call: Callable[..., Awaitable[T]], deadline: float, what: str
-) -> Callable[..., Awaitable[T]]:
-    """``call`` answering within ``deadline`` seconds, else an MCP error saying so."""
-
-    @functools.wraps(call)
-    async def within(*args: Any, **kwargs: Any) -> T:
-        try:
-            async with asyncio.timeout(deadline):
-                return await call(*args, **kwargs)
-        except TimeoutError:
-            raise MCPError(
-                code=INTERNAL_ERROR,
-                message=(
-                    f"The task store did not answer within {deadline:g} s; the outcome of "
-                    f"{what} is unknown: retry tasks/get"
-                ),
-            ) from None
-
-    setattr(within, _BOUNDED, True)
-    return within
 
 
 def bound_requests(extension: Any, deadline: float) -> None:
