@@ -11,10 +11,15 @@ from typing import Any
 import httpx
 import pytest
 from fastmcp import Context, FastMCP
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleetkit.clients.wire import MODERN, MODERN_META, initialize_body, response_body
-from mcpfleet.replica.respmode import ResponseModes, _cancelled_on_disconnect, may_stream
+from mcpfleet.replica.respmode import (
+    WATCH_AFTER,
+    ResponseModes,
+    _cancelled_on_disconnect,
+    may_stream,
+)
 
 HEADERS = {
     "content-type": "application/json",
@@ -166,6 +171,40 @@ async def test_an_answered_request_is_not_cancelled_by_the_end_of_its_response()
 
     await _cancelled_on_disconnect(quick, {"type": "http"}, replay, client_receive, send)
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+
+async def test_a_round_answered_before_the_watch_starts_never_reads_the_client() -> None:
+    """The watch is a timer until :data:`WATCH_AFTER`: a quick round makes no task and
+    never calls the client's ``receive``; a slow one does, once."""
+    reads: list[str] = []
+
+    async def client_receive() -> Message:
+        reads.append("receive")
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    async def replay() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        pass
+
+    def answering_after(seconds: float) -> ASGIApp:
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            await asyncio.sleep(seconds)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+        return app
+
+    await _cancelled_on_disconnect(
+        answering_after(0), {"type": "http"}, replay, client_receive, send
+    )
+    await asyncio.sleep(WATCH_AFTER * 2)
+    assert reads == []
+    slow = answering_after(WATCH_AFTER * 3)
+    await _cancelled_on_disconnect(slow, {"type": "http"}, replay, client_receive, send)
+    assert reads == ["receive"]
 
 
 async def test_a_json_mode_round_of_a_real_app_is_cancelled_when_its_client_leaves() -> None:

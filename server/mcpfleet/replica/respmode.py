@@ -17,7 +17,7 @@ request**, by what the request carries, and no tool needs marking:
 
 * a modern POST to the MCP path whose body names none of ``progressToken``,
   ``logLevel`` and ``subscriptions/listen`` (and has no ``\\u`` escape that
-  could spell one) goes to the app built in JSON mode, with a watch that
+  could spell one) goes to the app built in JSON mode, with a watch (from 50 ms on) that
   cancels its handler when the client goes away (the spec's cancellation,
   which SSE mode's sibling task gave);
 * everything else (handshake-era requests and sessions, a modern request that
@@ -39,10 +39,13 @@ from mcp.server.streamable_http_manager import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["STREAM_MARKERS", "ResponseModes", "may_stream"]
+__all__ = ["STREAM_MARKERS", "WATCH_AFTER", "ResponseModes", "may_stream"]
 
 _VERSION_HEADER: Final = b"mcp-protocol-version"
 _LENGTH_HEADER: Final = b"content-length"
+#: Seconds a JSON-mode handler runs before a task starts watching for its client's
+#: disconnect (:func:`_cancelled_on_disconnect`).
+WATCH_AFTER: Final = 0.05
 #: Bytes whose presence in a modern request's body means it may be streamed to.
 STREAM_MARKERS: Final = (b"progressToken", b"logLevel", b"subscriptions/listen", b"\\u")
 
@@ -149,11 +152,18 @@ async def _cancelled_on_disconnect(
     ``http.disconnect`` (the client went away, or the response completed):
     one task waits for it. A cancel that lands is the client's doing: the
     request ends quietly, with nothing to answer and no one to answer.
+
+    The watch starts only once the handler has run :data:`WATCH_AFTER` seconds
+    (a timer, not a task, until then): most rounds are answered sooner, and
+    never pay for a task. A client that left earlier is seen as soon as the
+    watch starts (the server remembers the disconnect), so a handler still
+    running is cancelled at most :data:`WATCH_AFTER` after its client left.
     """
     task = asyncio.current_task()
     assert task is not None
     answered = False
     gone = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -162,13 +172,18 @@ async def _cancelled_on_disconnect(
             gone = True
             task.cancel()
 
+    def start_watch() -> None:
+        nonlocal watcher
+        if not answered:
+            watcher = asyncio.ensure_future(watch())
+
     async def tracked_send(message: Message) -> None:
         nonlocal answered
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             answered = True
         await send(message)
 
-    watcher = asyncio.create_task(watch())
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, start_watch)
     try:
         await app(scope, replay, tracked_send)
     except asyncio.CancelledError:
@@ -176,4 +191,6 @@ async def _cancelled_on_disconnect(
             return
         raise
     finally:
-        watcher.cancel()  # never awaited: a cancelled task needs no one to collect it
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()  # never awaited: a cancelled task needs no one to collect it
