@@ -188,10 +188,12 @@ bench: venv deps bench-deps ## speed and memory, measured side by side (router, 
 bench-scale: venv deps bench-deps ## the cost curve: cost per unit as sessions, registry and routers grow, Redis per path, the first limit (~3 min; BENCH_ARGS=--quick)
 	PYTHONPATH=hack/devkit $(PY) -m benchkit.scale $(BENCH_ARGS)
 
-# The router as it is against the router of an earlier commit (REF), side by side
-# in front of the same replicas: make bench-ref REF=629218f
-bench-ref: venv deps bench-deps ## this tree's router beside an earlier commit's, in front of the same replicas (REF=<commit>)
+# The router and the replica as they are against an earlier commit's (REF), side by
+# side: the routers in front of the same replicas, then the replicas beside plain
+# FastMCP (CPU per asking and answer round): make bench-ref REF=629218f
+bench-ref: venv deps bench-deps ## this tree's router and replica beside an earlier commit's, side by side (REF=<commit>)
 	PYTHONPATH=hack/devkit $(PY) -m benchkit.refbench $(REF)
+	PYTHONPATH=hack/devkit $(PY) -m benchkit.replicaref $(REF)
 
 # Grafana dashboards (charts/mcpfleet/dashboards/*.json) from deploy/monitoring/dashboards.py;
 # alert rules checked and unit-tested with promtool.
