@@ -28,23 +28,9 @@ in the same registry and served on the same ``/metrics``):
   once-flows are refused past ``--once-memory-limit``.
 * ``mcpfleet_replica_build_info``, live handshake sessions, requests in flight,
   listening streams, ready and draining state.
-* MCP tasks (:mod:`mcpfleet.tasks`), only for an app with task tools:
-  ``mcpfleet_tasks_created_total{tool}`` (answered with a ``CreateTaskResult``
-  here), ``mcpfleet_tasks_finished_total{tool, status}`` (``completed``:
-  the tool returned, on this replica's worker; ``error``: it raised, the
-  task completes with an ``isError`` result; ``failed``: the engine failed
-  it; ``cancelled``: a ``tasks/cancel`` here recorded it),
-  ``mcpfleet_tasks_input_requests_total{tool}`` (legs that ended asking),
-  ``mcpfleet_tasks_unreplicated_total{tool}`` (Sentinel: creations answered
-  before a replica of the master acknowledged them),
-  ``mcpfleet_tasks_running`` (executions this replica's worker runs), and
-  ``mcpfleet_tasks_queue_depth`` (tasks waiting for a worker, fleet-wide: the
-  same on every replica), read every few seconds in the background with a
-  deadline, never on a request's path, with the time of its last good read.
-  ``tool`` is a task tool's name: the app's own, bounded (past 64, ``other``).
-  With ``--tasks-encrypt``, ``mcpfleet_tasks_snapshot_seals_total{kid}`` and
-  ``..._unseals_total{kid}``: which ring key sealed and opened the stored
-  task snapshots, so a person sees when an old key stops being read.
+* MCP tasks (:mod:`mcpfleet.tasks`), only for an app with task tools: the
+  ``mcpfleet_tasks_*`` metrics, declared in :mod:`mcpfleet.replica.taskmetrics`
+  and added to this registry by :meth:`ReplicaMetrics.enable_tasks`.
 * Notifications (:mod:`mcpfleet.notify`): ``mcpfleet_listen_streams`` (the
   ``subscriptions/listen`` streams open here),
   ``mcpfleet_events_published_total{kind}`` (events this replica put on the
@@ -83,6 +69,7 @@ from mcpfleet.limits import LIMIT_NAMES
 from mcpfleet.notify import DROP_REASONS, KINDS
 from mcpfleet.once import OnceOutcome
 from mcpfleet.replica.gate import GateState
+from mcpfleet.replica.taskmetrics import TaskMetrics
 
 #: The logger ``mcp``'s request-state boundary reports every rejection on.
 BOUNDARY_LOGGER: Final = "mcp.server.request_state"
@@ -202,6 +189,8 @@ class ReplicaMetrics:
     """The metrics of one replica process, in their own registry."""
 
     content_type = CONTENT_TYPE_LATEST
+    #: The metrics of the app's MCP tasks, once :meth:`enable_tasks` added them.
+    tasks: TaskMetrics
 
     def __init__(self, *, app: str, ring: Callable[[], KeyRing], gate: GateState) -> None:
         self.registry = CollectorRegistry()
@@ -400,85 +389,18 @@ class ReplicaMetrics:
 
     def enable_tasks(self, running: Callable[[], int]) -> None:
         """Add the task metrics (an app with task tools); ``running`` is read at scrape."""
-        r = self.registry
-        self.tasks_created = Counter(
-            "mcpfleet_tasks_created",
-            "MCP tasks this replica created (answered with a CreateTaskResult), by tool.",
-            ["tool"],
-            registry=r,
-        )
-        self.tasks_finished = Counter(
-            "mcpfleet_tasks_finished",
-            "MCP tasks ended, by tool and status: completed and error (the tool raised) on "
-            "the worker that ran them, failed by the engine, cancelled where tasks/cancel was "
-            "recorded.",
-            ["tool", "status"],
-            registry=r,
-        )
-        self.tasks_input = Counter(
-            "mcpfleet_tasks_input_requests",
-            "Task legs that ended asking for input (input_required), by tool.",
-            ["tool"],
-            registry=r,
-        )
-        self.tasks_queue_depth = Gauge(
-            "mcpfleet_tasks_queue_depth",
-            "MCP tasks waiting for a worker in the fleet's queue (the same on every replica), "
-            "as this replica last read it.",
-            registry=r,
-        )
-        self.tasks_queue_read = Gauge(
-            "mcpfleet_tasks_queue_read_timestamp_seconds",
-            "When this replica last read the task queue's depth (Unix time; 0: never).",
-            registry=r,
-        )
-        self.tasks_unreplicated = Counter(
-            "mcpfleet_tasks_unreplicated",
-            "MCP tasks created through Sentinel and answered before a replica of the master "
-            "acknowledged them (a failover then would lose them), by tool.",
-            ["tool"],
-            registry=r,
-        )
-        self.snapshot_seals = Counter(
-            "mcpfleet_tasks_snapshot_seals",
-            "Task snapshots sealed (--tasks-encrypt), by the kid of the key ring key used.",
-            ["kid"],
-            registry=r,
-        )
-        self.snapshot_unseals = Counter(
-            "mcpfleet_tasks_snapshot_unseals",
-            "Task snapshots opened (--tasks-encrypt), by the kid of the key that opened them.",
-            ["kid"],
-            registry=r,
-        )
-        running_gauge = Gauge(
-            "mcpfleet_tasks_running",
-            "MCP task executions this replica's worker runs now.",
-            registry=r,
-        )
-        running_gauge.set_function(lambda: float(running()))
+        self.tasks = TaskMetrics(self.registry, running)
 
     def task_event(self, tool: str, event: str) -> None:
         """:mod:`mcpfleet.tasks`' observer (``TaskObserver``)."""
-        if event == "created":
-            self.tasks_created.labels(tool).inc()
-        elif event == "input_required":
-            self.tasks_input.labels(tool).inc()
-        elif event == "unreplicated":
-            self.tasks_unreplicated.labels(tool).inc()
-        else:
-            self.tasks_finished.labels(tool, event).inc()
+        self.tasks.task_event(tool, event)
 
     def snapshot_event(self, event: str, kid: str) -> None:
         """:class:`mcpfleet.tasks.RingSnapshotCodec`'s observer: seals and unseals by kid."""
-        if event == "seal":
-            self.snapshot_seals.labels(kid).inc()
-        else:
-            self.snapshot_unseals.labels(kid).inc()
+        self.tasks.snapshot_event(event, kid)
 
     def task_queue_depth(self, depth: int) -> None:
-        self.tasks_queue_depth.set(depth)
-        self.tasks_queue_read.set_to_current_time()
+        self.tasks.task_queue_depth(depth)
 
     def _rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
