@@ -1,5 +1,9 @@
 """``mcpfleet``'s subcommands, each a module of one plugin protocol.
 
+The commands: ``serve`` (one replica), ``router``, ``keys``, ``dev`` (a local
+fleet), ``demo`` and ``selftest``; the flags they share: ``redisflags`` and
+``limitflags``.
+
 A command module has ``COMMANDS`` (the subcommand names it adds),
 ``add_parsers(sub)`` (their argparse subparsers) and ``run(args) -> int`` (the
 exit status). The built-in ones are :data:`BUILTIN`; an installed package

@@ -6,6 +6,12 @@ trusted proxy hops) or one shared principal. Each shared resource a principal
 can hold has a named limit here: handshake sessions (a cap), rounds (a rate
 with a burst), MCP tasks (a cap and a share of the workers). Counts live in the
 fleet's Redis, so they hold whichever replica or router serves a principal.
+
+The package, by seam: who a request counts against (``_principal``), the limits
+in force (``_rules``) and their file read again when it changes (``_watch``),
+the counts in Redis (``_store``), the check on a request's path (``_limiter``),
+what a refused principal is told (``_refused``), and the refusals remembered by
+credential (``_refusals``).
 """
 
 from mcpfleet.limits._limiter import (

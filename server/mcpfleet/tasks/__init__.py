@@ -35,8 +35,10 @@ that scrub and seal what the engine stores (``_sealing``), one replica's side
 of the queue, its counts and its drain (``_fleet``), every replacement inside
 the engine beside its version gate (``_engine_hooks``), the deadline on the
 engine's calls a request waits on (``_deadline``), a task's status changes
-announced and a task read for a listen stream (``_status``), and the wiring of
-an app's extension (``_wire``). Importing it needs no ``fastmcp_tasks``: the
+announced and a task read for a listen stream (``_status``), a task's trace kept
+in its snapshot and each leg linked to it (``_trace``), the tasks limit per
+principal (``_limits``) and a principal's share of the workers (``_share``), and
+the wiring of an app's extension (``_wire``). Importing it needs no ``fastmcp_tasks``: the
 engine is imported when an app with a tasks extension is wired.
 """
 
