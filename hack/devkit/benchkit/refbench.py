@@ -29,6 +29,26 @@ from mcpfleet.dev.fleet import LocalFleet, Proc
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def short_sha(ref: str) -> str:
+    """``ref``'s abbreviated commit id (``git rev-parse --short``)."""
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", ref],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip()
+
+
+def remove_checkout(into: Path) -> None:
+    """The worktree :func:`checkout` made under ``into`` removed, and ``into`` with it."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(into / "tree")],
+        capture_output=True,
+    )
+    shutil.rmtree(into, ignore_errors=True)
+
+
 def checkout(ref: str, into: Path) -> tuple[Path, str]:
     """``ref``'s tree in a detached worktree: the import root for its code, and its CLI module.
 
@@ -66,12 +86,7 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=6)
     parser.add_argument("--slice-seconds", type=float, default=2.0)
     args = parser.parse_args()
-    sha = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", args.ref],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    sha = short_sha(args.ref)
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-refbench-"))
     imports, cli = checkout(sha, work)
     lf = LocalFleet(work / "fleet", replicas=3, fleet="refbench", limits=False)
@@ -123,11 +138,7 @@ def main() -> None:
         if ref_proc is not None:
             ref_proc.stop()
         lf.stop()
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "tree")],
-            capture_output=True,
-        )
-        shutil.rmtree(work, ignore_errors=True)
+        remove_checkout(work)
 
 
 if __name__ == "__main__":

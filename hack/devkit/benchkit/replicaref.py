@@ -15,7 +15,6 @@ batches. The figures that count are the ratios within this one run.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchkit.refbench import ROOT, checkout
+from benchkit.refbench import checkout, remove_checkout, short_sha
 from benchkit.roundapp import TOOL
 from benchkit.roundcost import (
     JSON_MODE,
@@ -148,12 +147,7 @@ def main() -> None:
     parser.add_argument("--flows", type=int, default=2000)
     parser.add_argument("--slice-flows", type=int, default=100)
     args = parser.parse_args()
-    sha = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", args.ref],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    sha = short_sha(args.ref)
     work = Path(tempfile.mkdtemp(prefix="mcpfleet-replicaref-"))
     try:
         imports, cli = checkout(sha, work)
@@ -161,11 +155,7 @@ def main() -> None:
         print(f"\nreplica now vs replica at {sha}: modern two-round flows, one run\n")
         print(render(rows_of(servers)))
     finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "tree")],
-            capture_output=True,
-        )
-        shutil.rmtree(work, ignore_errors=True)
+        remove_checkout(work)
 
 
 if __name__ == "__main__":

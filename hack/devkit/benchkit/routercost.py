@@ -283,14 +283,9 @@ def main() -> None:
             nginx[0].wait(10)
         lf.stop()
         if args.ref:
-            import subprocess
+            from benchkit.refbench import remove_checkout
 
-            from benchkit.refbench import ROOT
-
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "tree")],
-                capture_output=True,
-            )
+            remove_checkout(work)
         shutil.rmtree(work, ignore_errors=True)
 
 
