@@ -7,7 +7,7 @@
 REF's replica of the same app (``server/`` checked out into a detached git
 worktree and imported from there, as :mod:`benchkit.refbench` does for the
 router), both on one Redis and one key ring. Modern two-round flows go to each
-in slices that take turns (:func:`benchkit.roundcost.measure`'s way), and each
+in slices that take turns (:func:`benchkit.roundcost.drive`), and each
 server's CPU per asking and per answer round is read from /proc around its own
 batches. The figures that count are the ratios within this one run.
 """
@@ -20,19 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from benchkit.refbench import checkout, remove_checkout, short_sha
 from benchkit.roundapp import TOOL
-from benchkit.roundcost import (
-    JSON_MODE,
-    Row,
-    Server,
-    _batch,
-    _pythonpath,
-    response_mode,
-    start_plain,
-)
+from benchkit.roundcost import JSON_MODE, Row, Server, drive, round_fleet, start_plain
 from benchkit.table import render
 from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok
 from mcpfleet.dev.wait import wait_for
@@ -69,20 +59,11 @@ def start_ref_replica(lf: LocalFleet, imports: Path, cli: str, name: str) -> tup
 def measure(
     sha: str, imports: Path, cli: str, flows: int, slice_flows: int, work: Path
 ) -> list[Server]:
-    lf = LocalFleet(
-        work / "fleet",
-        replicas=1,
-        routers=0,
-        fleet="replicaref",
-        app="benchkit.roundapp:fleet",
-        extra_env={"PYTHONPATH": _pythonpath()},
-        limits=False,
-    )
-    procs: list[subprocess.Popen[bytes]] = []
+    lf = round_fleet(work, "replicaref")
+    plain: subprocess.Popen[bytes] | None = None
     ref: Proc | None = None
     try:
         plain, plain_url = start_plain(work, json_response=True)
-        procs.append(plain)
         lf.start()
         member = lf.members["replica-0"]
         ref, ref_url = start_ref_replica(lf, imports, cli, "replica-ref")
@@ -92,19 +73,12 @@ def measure(
             Server(NOW, f"{member.url}/mcp", TOOL, member.proc.popen.pid),
             Server(f"replica at {sha}", ref_url, TOOL, ref.popen.pid),
         ]
-        with httpx.Client(timeout=10) as http:
-            for s in servers:
-                _batch(http, s, 50, timed=False)
-                s.mode = response_mode(http, s)
-            for i in range(max(1, flows // slice_flows)):
-                shift = i % len(servers)
-                for s in servers[shift:] + servers[:shift]:
-                    _batch(http, s, slice_flows)
+        drive(servers, flows, slice_flows)
         return servers
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        if plain is not None:
+            plain.terminate()
+            plain.wait(10)
         if ref is not None:
             ref.stop()
         lf.stop()

@@ -241,6 +241,34 @@ def start_plain(work: Path, json_response: bool) -> tuple[subprocess.Popen[bytes
     return proc, url
 
 
+def round_fleet(work: Path, fleet: str) -> LocalFleet:
+    """Redis and one replica of :func:`benchkit.roundapp.fleet` with its limits off
+    (not started): what each server of the rounds runs beside."""
+    return LocalFleet(
+        work / "fleet",
+        replicas=1,
+        routers=0,
+        fleet=fleet,
+        app="benchkit.roundapp:fleet",
+        # The caller's PYTHONPATH kept behind the devkit's, as plain FastMCP's is.
+        extra_env={"PYTHONPATH": _pythonpath()},
+        limits=False,
+    )
+
+
+def drive(servers: list[Server], flows: int, slice_flows: int) -> None:
+    """Every server warmed up and its response mode read, then ``flows`` flows each in
+    slices of ``slice_flows`` whose order rotates, so drifting load hits all alike."""
+    with httpx.Client(timeout=10) as http:
+        for s in servers:  # warm every path up: imports, caches, connections
+            _batch(http, s, 50, timed=False)
+            s.mode = response_mode(http, s)
+        for i in range(max(1, flows // slice_flows)):
+            shift = i % len(servers)
+            for s in servers[shift:] + servers[:shift]:
+                _batch(http, s, slice_flows)
+
+
 def measure(
     flows: int, slice_flows: int, work: Path, floor: list[Row] | None = None
 ) -> dict[str, Server]:
@@ -250,16 +278,7 @@ def measure(
     replica's Redis, after the rounds) are appended to it.
     """
     procs: list[subprocess.Popen[bytes]] = []
-    lf = LocalFleet(
-        work / "fleet",
-        replicas=1,
-        routers=0,
-        fleet="rounds",
-        app="benchkit.roundapp:fleet",
-        # The caller's PYTHONPATH kept behind the devkit's, as plain FastMCP's is.
-        extra_env={"PYTHONPATH": _pythonpath()},
-        limits=False,
-    )
+    lf = round_fleet(work, "rounds")
     try:
         urls = []
         for json_response in (True, False):
@@ -290,14 +309,7 @@ def measure(
             # buckets: each its own), USER_PRINCIPALS for the user's replica.
             count = USER_PRINCIPALS if s.name == REPLICA_DEFAULTS else 1
             s.addresses = tuple(f"10.{n}.{j // 256}.{j % 256}" for j in range(count))
-        with httpx.Client(timeout=10) as http:
-            for s in servers:  # warm every path up: imports, caches, connections
-                _batch(http, s, 50, timed=False)
-                s.mode = response_mode(http, s)
-            for i in range(max(1, flows // slice_flows)):
-                shift = i % len(servers)
-                for s in servers[shift:] + servers[:shift]:
-                    _batch(http, s, slice_flows)
+        drive(servers, flows, slice_flows)
         if floor is not None:
             floor += floor_rows(lf.redis_port, quick=flows < 1000)
         return {s.name: s for s in servers}
