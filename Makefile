@@ -8,7 +8,7 @@ CACHE := .cache
 BIN := $(CACHE)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck bench bench-scale bench-ref cluster-up cluster-down clean dashboards flags-docs rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load autoscaling-images kind-image kind-up kind-load kind-down
+.PHONY: help venv venv-tasks venv-latest test-latest test-tasks lock deps bench-deps tools run test test-unit test-fleet test-faults test-controlplane lint typecheck walk bench bench-scale bench-ref cluster-up cluster-down clean dashboards flags-docs rules-check conformance conformance-suite conformance-tasks-suite test-conformance image image-tasks node-deps test-node test-e2e node-load autoscaling-images kind-image kind-up kind-load kind-down
 
 # The venv installs the locked set (hack/lock/dev.txt, with hashes), then the
 # project itself, editable, on top of it: mcpfleet (pyproject.toml) and the
@@ -87,14 +87,20 @@ run: venv ## a local fleet: Redis, 3 replicas, a router and Prometheus (mcpfleet
 	bash hack/ensure-debs.sh --optional
 	$(VENV)/bin/mcpfleet dev $(DEV_ARGS)
 
-# The developer tools (hack/devkit: fleetkit, benchkit) are typed here: mypy
+# The developer tools (hack/devkit: fleetkit, benchkit, codekit) are typed here: mypy
 # strict, all but disallow_untyped_calls (pyproject.toml's [tool.mypy] says why).
 lint: venv ## ruff, ruff format --check, hadolint, the import contracts (lint-imports), and mypy over hack/devkit
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/hadolint Dockerfile hack/image/redis.Dockerfile hack/image/keda.Dockerfile hack/image/prometheus.Dockerfile deploy/own-app/Dockerfile
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	$(VENV)/bin/mypy -p fleetkit -p benchkit
+	$(VENV)/bin/mypy -p fleetkit -p benchkit -p codekit
+
+# The walk of a session id from the router's entry point (codekit.walk, which
+# reads the sources, importing none): every stop, then the stops, the files and
+# the returns by both of its rules (its docstring states them).
+walk: venv ## the walk of a session id from the router's entry point: its stops, and its returns by both rules
+	PYTHONPATH=hack/devkit $(PY) -m codekit.walk
 
 # mypy reads both source roots (mypy_path in pyproject.toml).
 typecheck: venv ## mypy --strict over the packages (mcpfleet, mcpfleet_operator, the example apps)

@@ -1,7 +1,8 @@
-"""The developer kits import without circles: each module of ``benchkit`` and
-``fleetkit`` can be read, and changed, knowing only the modules below it; and
-fleetkit's sub-packages are layers: conformance and the cluster rigs over the
-``Fleet`` interface and its local backends, over the clients and the apps."""
+"""The developer kits import without circles: each module of ``benchkit``,
+``codekit`` and ``fleetkit`` can be read, and changed, knowing only the
+modules below it; and fleetkit's sub-packages are layers: conformance and the
+cluster rigs over the ``Fleet`` interface and its local backends, over the
+clients and the apps."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def layer_breaches(package: str, layers: list[set[str]]) -> list[tuple[str, str]
     return out
 
 
-@pytest.mark.parametrize("package", ["benchkit", "fleetkit"])
+@pytest.mark.parametrize("package", ["benchkit", "codekit", "fleetkit"])
 def test_a_devkit_package_has_no_import_circle(package: str) -> None:
     assert (DEVKIT / package / "__init__.py").is_file()
     assert circles(package) == []
