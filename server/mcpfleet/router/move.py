@@ -338,23 +338,3 @@ class Mover:
         self.health.fail(exc)
         await retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry")
         return RequestOutcome.UNAVAILABLE
-
-    async def _lose(self, send: Send, session: str, owner: str, reason: Lost) -> RequestOutcome:
-        """The session had work in flight when its owner went (or cannot be opened
-        again): it ends with the spec's 404, counted by reason."""
-        log.info("session of %s ended, not re-homed: %s", owner, reason)
-        self.metrics.lost.labels(reason).inc()
-        await self.sessions.drop(session)
-        await session_not_found(send)
-        return RequestOutcome.OWNER_GONE
-
-    async def _owner_gone(
-        self, send: Send, session: str, owner: str, reason: OwnerGone
-    ) -> RequestOutcome:
-        """The session ends with its owner: the spec's 404, counted by how the
-        owner's absence was noticed."""
-        log.info("session of %s answered 404: owner %s", owner, reason)
-        await self.sessions.drop(session)
-        self.metrics.owner_gone.labels(reason).inc()
-        await session_not_found(send)
-        return RequestOutcome.OWNER_GONE
