@@ -83,6 +83,20 @@ def task_seals_of(tasks: str, kid: str) -> str:
     return f"{tasks}:sealed:{kid}"
 
 
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """The Redis keys of one handshake-era session (:meth:`RedisKeys.session_keys`)."""
+
+    #: Its route (:meth:`RedisKeys.session`).
+    route: str
+    #: :meth:`RedisKeys.session_init`.
+    init: str
+    #: :meth:`RedisKeys.session_lost`.
+    lost: str
+    #: :meth:`RedisKeys.session_moving`.
+    moving: str
+
+
 @dataclass(frozen=True)
 class RedisKeys:
     """Names of every Redis key mcpfleet uses, scoped by fleet.
@@ -143,16 +157,22 @@ class RedisKeys:
     def session_init(self, session_id: str) -> str:
         """What re-opens one session elsewhere (router ``--rehome-sessions``): the
         client's ``initialize`` parameters and its owner's principal digest (JSON)."""
-        return f"{self.session(session_id)}:init"
+        return self.session_keys(session_id).init
 
     def session_lost(self, session_id: str) -> str:
         """Set (to a reason) when a session's owner went with work of the session in
         flight: the session is never re-homed, its next request gets the 404."""
-        return f"{self.session(session_id)}:lost"
+        return self.session_keys(session_id).lost
 
     def session_moving(self, session_id: str) -> str:
         """Held (SET NX PX) by the one router re-homing a session right now."""
-        return f"{self.session(session_id)}:moving"
+        return self.session_keys(session_id).moving
+
+    def session_keys(self, session_id: str) -> SessionKeys:
+        """Every key of one session, named at once: its route (:meth:`session`) and
+        the three beside it, which the router reads and writes together."""
+        route = self.session(session_id)
+        return SessionKeys(route, f"{route}:init", f"{route}:lost", f"{route}:moving")
 
     def limit(self, name: str, principal: str) -> str:
         """One principal's count under the limit ``name`` (:mod:`mcpfleet.limits`): a

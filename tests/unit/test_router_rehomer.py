@@ -71,18 +71,15 @@ class FakeSessions:
             raise RedisConnectionError("Redis unreachable")
 
     async def rehome_state(
-        self, session: str
+        self, session: str, known: SessionRoute
     ) -> tuple[SessionRoute | None, str | None, str | None]:
         await asyncio.sleep(0)
         self._redis()
         route = read(self.routes.get(session))
-        return route, self.init.get(session), self.lost_marks.get(session)
-
-    async def lost(self, session: str) -> str | None:
-        self._redis()
-        if self.on_lost_read is not None:
-            self.on_lost_read()
-        return self.lost_marks.get(session)
+        lost = self.lost_marks.get(session)
+        if lost is None and route is not None and route != known:
+            self.cache[session] = route.to_redis()
+        return route, self.init.get(session), lost
 
     async def mark_lost(self, session: str, reason: str) -> None:
         self.lost_marks[session] = reason
@@ -97,19 +94,25 @@ class FakeSessions:
     async def release_move(self, session: str) -> None:
         self.claims.discard(session)
 
-    async def route(self, session: str) -> SessionRoute | None:
+    async def route(self, session: str, known: SessionRoute) -> SessionRoute | None:
         await asyncio.sleep(0)
         self._redis()
-        return read(self.routes.get(session))
+        route = read(self.routes.get(session))
+        if route is not None and route != known:
+            self.cache[session] = route.to_redis()
+        return route
 
-    async def move(self, session: str, route: SessionRoute) -> None:
+    async def move(self, session: str, route: SessionRoute) -> str | None:
         self._redis()
+        if self.on_lost_read is not None:
+            self.on_lost_read()
+        lost = self.lost_marks.get(session)
+        if lost is not None:
+            return lost
         self.routes[session] = route.to_redis()
         self.claims.discard(session)
         self.cache[session] = route.to_redis()
-
-    def remember(self, session: str, route: SessionRoute) -> None:
-        self.cache[session] = route.to_redis()
+        return None
 
     async def drop(self, session: str) -> None:
         for table in (self.routes, self.init, self.lost_marks, self.cache):

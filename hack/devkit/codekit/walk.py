@@ -12,7 +12,7 @@ What the walk follows:
 - A *carrier* is a value that carries the id: the id itself (an attribute
   named in :attr:`Target.id_attrs`, ``x.session``, ``move.session``), an
   instance of a carrier class (:attr:`Target.carriers`: ``Exchange``,
-  ``SessionRoute``, ``Move``), or a closure (a nested ``def`` or a
+  ``SessionRoute``, ``Move``, ``SessionKeys``), or a closure (a nested ``def`` or a
   ``lambda``) that uses a carrier of the function it is defined in.
 - Carriers come from the entry's parameter :attr:`Target.param`, from the
   attributes of a carrier whose annotation is a carrier class
@@ -96,6 +96,8 @@ ROUTER = Target(
             "mcpfleet.router.exchange.Exchange",
             "mcpfleet.router.route.SessionRoute",
             "mcpfleet.router.move.Move",
+            # The session's Redis keys, each holding the id.
+            "mcpfleet.contract.SessionKeys",
         }
     ),
 )

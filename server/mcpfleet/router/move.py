@@ -156,7 +156,7 @@ class Mover:
         the claim (another router's claim: wait for its move)."""
         x, session, route = move.x, move.session, move.route
         try:
-            current_route, init_raw, lost_raw = await self.sessions.rehome_state(session)
+            current_route, init_raw, lost_raw = await self.sessions.rehome_state(session, route)
         except RedisDown as exc:
             return await self._directory_down(x.send, exc)
         if lost_raw is not None:
@@ -170,8 +170,8 @@ class Mover:
             await session_not_found(x.send)
             return RequestOutcome.OWNER_GONE
         if current_route != route:
-            # Another router moved it already (this router's cache was stale).
-            self.sessions.remember(session, current_route)
+            # Another router moved it already (this router's cache was stale, and
+            # now holds the new route).
             return current_route
         record = InitRecord.from_json(init_raw)
         if record is None:
@@ -229,15 +229,14 @@ class Mover:
         deadline = time.monotonic() + self.config.rehome_timeout
         while time.monotonic() < deadline:
             try:
-                current = await self.sessions.route(session)
+                current = await self.sessions.route(session, route)
             except RedisDown as exc:
                 self.health.fail(exc)
                 break
             if current is None:
                 await session_not_found(send)
                 return RequestOutcome.OWNER_GONE
-            if current != route:
-                self.sessions.remember(session, current)
+            if current != route:  # (now in the cache)
                 return current
             await asyncio.sleep(MOVE_POLL)
         await retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session moving; retry")
@@ -305,11 +304,9 @@ class Mover:
             log.info("re-home refused: the credential is not the session owner's")
             await session_not_found(x.send)
             return RequestOutcome.OWNER_GONE
+        new_route = SessionRoute(replica.name, reopened.upstream_id)
         try:
-            lost = await self.sessions.lost(session)
-            if lost is None:
-                new_route = SessionRoute(replica.name, reopened.upstream_id)
-                await self.sessions.move(session, new_route)
+            lost = await self.sessions.move(session, new_route)
         except RedisDown as exc:
             self.health.fail(exc)
             await self._close_quietly(replica.address, x.scope, reopened.upstream_id)

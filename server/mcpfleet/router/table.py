@@ -10,6 +10,7 @@ returns. With re-homing on (:mod:`mcpfleet.router.rehome`), each session also
 has an ``init`` record beside its route (written in the same round trip), a
 ``lost`` mark once its owner went with work in flight, and a ``moving`` claim
 while one router re-homes it; a re-homed session's route names its new owner.
+Each call names the session's keys once (:meth:`~mcpfleet.contract.RedisKeys.session_keys`).
 """
 
 from __future__ import annotations
@@ -198,39 +199,34 @@ class SessionTable:
         self._unknown.pop(session, None)
         px = int(self.ttl * 1000)
         stored = route.to_redis()
+        keys = self.keys.session_keys(session)
         try:
             if init is None:
-                await within(
-                    self.deadline, self.client.set(self.keys.session(session), stored, px=px)
-                )
+                await within(self.deadline, self.client.set(keys.route, stored, px=px))
             else:
                 pipe = self.client.pipeline(transaction=False)
-                pipe.set(self.keys.session(session), stored, px=px)
-                pipe.set(self.keys.session_init(session), init, px=px)
+                pipe.set(keys.route, stored, px=px)
+                pipe.set(keys.init, init, px=px)
                 await within(self.deadline, pipe.execute())
         except RedisDown as exc:
             self.health.fail(exc)
             self._unsaved[session] = route
 
     async def rehome_state(
-        self, session: str
+        self, session: str, known: SessionRoute
     ) -> tuple[SessionRoute | None, bytes | str | None, bytes | str | None]:
         """The route as Redis holds it now (not the cache), the ``init`` record and
-        the ``lost`` mark of ``session``, in one round trip (raises RedisDown)."""
-        keys = [
-            self.keys.session(session),
-            self.keys.session_init(session),
-            self.keys.session_lost(session),
-        ]
-        route, init, lost = await within(self.deadline, self.client.mget(keys))
-        return (None if route is None else SessionRoute.from_redis(route)), init, lost
-
-    async def lost(self, session: str) -> bytes | str | None:
-        """The ``lost`` mark of ``session``, if any (raises RedisDown)."""
-        mark: bytes | str | None = await within(
-            self.deadline, self.client.get(self.keys.session_lost(session))
+        the ``lost`` mark of ``session``, in one round trip (raises RedisDown). A
+        route other than ``known`` of a session not lost (another router moved it)
+        is cached."""
+        keys = self.keys.session_keys(session)
+        raw, init, lost = await within(
+            self.deadline, self.client.mget([keys.route, keys.init, keys.lost])
         )
-        return mark
+        route = None if raw is None else SessionRoute.from_redis(raw)
+        if lost is None and route is not None and route != known:
+            self._remember(session, route, time.monotonic())
+        return route, init, lost
 
     async def mark_lost(self, session: str, reason: str) -> None:
         """Mark ``session`` lost: no router re-homes it; its next request gets the 404.
@@ -260,33 +256,39 @@ class SessionTable:
         except RedisDown as exc:
             self.health.fail(exc)
 
-    async def route(self, session: str) -> SessionRoute | None:
-        """The route of ``session`` as Redis holds it now, not the cache (raises RedisDown)."""
+    async def route(self, session: str, known: SessionRoute) -> SessionRoute | None:
+        """The route of ``session`` as Redis holds it now, not the cache (raises
+        RedisDown); one other than ``known`` (another router moved it) is cached."""
         raw = await within(self.deadline, self.client.get(self.keys.session(session)))
-        return None if raw is None else SessionRoute.from_redis(raw)
+        route = None if raw is None else SessionRoute.from_redis(raw)
+        if route is not None and route != known:
+            self._remember(session, route, time.monotonic())
+        return route
 
-    async def move(self, session: str, route: SessionRoute) -> None:
+    async def move(self, session: str, route: SessionRoute) -> bytes | str | None:
         """Point ``session`` at its new route (re-homed), refreshing its ``init`` record;
-        the claim is released in the same round trip (raises RedisDown)."""
+        the claim is released in the same round trip. Unless it was marked lost
+        meanwhile: then nothing is written, and the ``lost`` mark is returned (read
+        first, in a round trip of its own). Raises RedisDown."""
+        keys = self.keys.session_keys(session)
+        lost: bytes | str | None = await within(self.deadline, self.client.get(keys.lost))
+        if lost is not None:
+            return lost
         px = int(self.ttl * 1000)
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.keys.session(session), route.to_redis(), px=px)
-        pipe.pexpire(self.keys.session_init(session), px)
-        pipe.delete(self.keys.session_moving(session))
+        pipe.set(keys.route, route.to_redis(), px=px)
+        pipe.pexpire(keys.init, px)
+        pipe.delete(keys.moving)
         await within(self.deadline, pipe.execute())
         self._remember(session, route, time.monotonic())
-
-    def remember(self, session: str, route: SessionRoute) -> None:
-        """Cache the route another router gave ``session`` (it re-homed it)."""
-        self._remember(session, route, time.monotonic())
+        return None
 
     async def drop(self, session: str) -> None:
         """The session ended (or its owner is gone): its route goes from the cache and Redis."""
         self._cache.pop(session, None)
         self._unsaved.pop(session, None)
-        keys = [self.keys.session(session)]
-        if self.rehome:
-            keys += [self.keys.session_init(session), self.keys.session_lost(session)]
+        names = self.keys.session_keys(session)
+        keys = [names.route, names.init, names.lost] if self.rehome else [names.route]
         try:
             await within(self.deadline, self.client.delete(*keys))
         except RedisDown as exc:
@@ -320,14 +322,15 @@ class SessionTable:
         )
 
     async def _touch(self, session: str) -> None:
+        keys = self.keys.session_keys(session)
         try:
             if self.rehome:
                 pipe = self.client.pipeline(transaction=False)
-                pipe.pexpire(self.keys.session(session), int(self.ttl * 1000))
-                pipe.pexpire(self.keys.session_init(session), int(self.ttl * 1000))
+                pipe.pexpire(keys.route, int(self.ttl * 1000))
+                pipe.pexpire(keys.init, int(self.ttl * 1000))
                 await pipe.execute()
                 return
-            await self.client.pexpire(self.keys.session(session), int(self.ttl * 1000))
+            await self.client.pexpire(keys.route, int(self.ttl * 1000))
         except RedisDown as exc:
             self.health.fail(exc)
 
