@@ -54,25 +54,22 @@ class SessionEnd:
         self.sessions = sessions
         self.metrics = metrics
 
-    async def lost(self, x: Exchange, route: SessionRoute, reason: Lost) -> RequestOutcome:
-        """The session had work in flight when its owner went (or cannot be opened
-        again): it ends with the spec's 404, counted by reason."""
-        assert x.session is not None  # (a sticky exchange's)
-        log.info("session of %s ended, not re-homed: %s", route.owner, reason)
-        self.metrics.lost.labels(reason).inc()
-        await self.sessions.drop(x.session)
-        await session_not_found(x.send)
-        return RequestOutcome.OWNER_GONE
-
-    async def owner_gone(
-        self, x: Exchange, route: SessionRoute, reason: OwnerGone
+    async def answer(
+        self, x: Exchange, route: SessionRoute, why: Lost | OwnerGone
     ) -> RequestOutcome:
-        """The session ends with its owner: the spec's 404, counted by how the
-        owner's absence was noticed."""
+        """The session ends with the spec's 404, counted by ``why``: a :class:`Lost`
+        reason (it had work in flight when its owner went, or cannot be opened
+        again), or how the owner's absence was noticed (:class:`OwnerGone`: the
+        session ends with its owner)."""
         assert x.session is not None  # (a sticky exchange's)
-        log.info("session of %s answered 404: owner %s", route.owner, reason)
-        await self.sessions.drop(x.session)
-        self.metrics.owner_gone.labels(reason).inc()
+        if isinstance(why, Lost):
+            log.info("session of %s ended, not re-homed: %s", route.owner, why)
+            self.metrics.lost.labels(why).inc()
+            await self.sessions.drop(x.session)
+        else:
+            log.info("session of %s answered 404: owner %s", route.owner, why)
+            await self.sessions.drop(x.session)
+            self.metrics.owner_gone.labels(why).inc()
         await session_not_found(x.send)
         return RequestOutcome.OWNER_GONE
 
@@ -115,15 +112,18 @@ class Mover:
         #: Re-homes this router runs now, by session: the new route, or None.
         self._moving: dict[str, asyncio.Future[SessionRoute | None]] = {}
 
-    async def move(self, move: Move) -> SessionRoute | RequestOutcome:
-        """Re-home the session of ``move``: its new route, or the outcome of the answer
-        sent instead.
+    async def move(
+        self, x: Exchange, route: SessionRoute, cause: OwnerGone
+    ) -> SessionRoute | RequestOutcome:
+        """Re-home the session of ``x``, whose owner on ``route`` is gone (so):
+        its new route, or the outcome of the answer sent instead.
 
         Concurrent requests of the session on this router share one re-home;
         across routers, one claim in Redis lets one router move it while the
         others wait for the new route (each wait bounded by ``rehome_timeout``).
         """
-        x, session = move.x, move.session
+        session = x.session
+        assert session is not None  # (a sticky exchange's)
         for _ in range(self.config.attempts):
             pending = self._moving.get(session)
             if pending is None:
@@ -143,7 +143,7 @@ class Mover:
         self._moving[session] = future
         result: SessionRoute | RequestOutcome | None = None
         try:
-            result = await self._lead(move)
+            result = await self._lead(Move(x, session, route, cause))
             return result
         finally:
             del self._moving[session]
@@ -160,10 +160,7 @@ class Mover:
         except RedisDown as exc:
             return await self._directory_down(x.send, exc)
         if lost_raw is not None:
-            reason = lost_raw.decode() if isinstance(lost_raw, bytes) else str(lost_raw)
-            return await self.end.lost(
-                x, route, Lost(reason) if reason in set(Lost) else Lost.REQUEST_BROKE
-            )
+            return await self.end.answer(x, route, _lost_reason(lost_raw))
         if current_route is None:
             # Ended meanwhile (a DELETE, an expiry): the session is unknown.
             await self.sessions.drop(session)
@@ -176,7 +173,7 @@ class Mover:
         record = InitRecord.from_json(init_raw)
         if record is None:
             # Not re-homable (opened before the mode, the app opted out, too large).
-            return await self.end.owner_gone(x, route, move.cause)
+            return await self.end.answer(x, route, move.cause)
         try:
             claimed = await self.sessions.claim_move(session, self.config.rehome_timeout)
         except RedisDown as exc:
@@ -212,8 +209,9 @@ class Mover:
             return result
         except TimeoutError:
             log.warning("re-home of a session of %s timed out", move.route.owner)
+            await release()  # (before the answer, as send_released does)
             await retry_later(
-                send_released, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
+                x.send, 503, ErrorCode.SERVER_ERROR, "Session re-home timed out; retry"
             )
             return RequestOutcome.UNAVAILABLE
         finally:
@@ -246,16 +244,17 @@ class Mover:
         """Open the session again on a live replica (the claim is held): its new route."""
         x, record = move.x, move.record
         assert record is not None  # (read before the claim)
+        # What each attempt sends: the client's headers (its credentials) and the
+        # record; the session's own id is the new replica's to give.
+        headers = x.scope["headers"]
 
         async def choose(tried: set[str]) -> Candidate | None:
             return place_session(self.view.serving(exclude=tried), self.config.session_cap)
 
-        async def attempt(replica: Attestation) -> SessionRoute | RequestOutcome | Resend:
+        async def attempt(replica: Attestation) -> tuple[Attestation, Reopened] | Resend:
             try:
                 with self.view.placing(replica.name) as place:
-                    reopened = await reopen(
-                        self.upstream.pool, replica.address, x.scope["headers"], record
-                    )
+                    reopened = await reopen(self.upstream.pool, replica.address, headers, record)
                     if reopened.upstream_id is not None:
                         place.opened()
             except ConnectFailed:
@@ -267,15 +266,15 @@ class Mover:
             if reopened.status == 503:
                 # Draining, or at its session limit: another replica.
                 return Resend(Failure.DRAINING)
-            return await self._adopt(move, replica, reopened)
+            return replica, reopened
 
-        moved: SessionRoute | RequestOutcome | None = await on_replicas(
+        answered = await on_replicas(
             self.view, self.config.attempts, choose, attempt, tried={move.route.owner}
         )
-        if moved is None:
+        if answered is None:
             await retry_later(x.send, 503, ErrorCode.SERVER_ERROR, "No serving replica")
             return RequestOutcome.NO_REPLICA
-        return moved
+        return await self._adopt(move, *answered)
 
     async def _adopt(
         self, move: Move, replica: Attestation, reopened: Reopened
@@ -294,13 +293,13 @@ class Mover:
             await send_whole(x.send, reopened.status, reopened.body, headers=extra)
             return RequestOutcome.CLIENT_ERROR
         if reopened.upstream_id is None:
-            return await self.end.lost(x, move.route, Lost.REFUSED)
+            return await self.end.answer(x, move.route, Lost.REFUSED)
         if not reopened.allowed or reopened.principal != move.record.principal:
             # Another principal's credential (or an app that no longer allows
             # it): the same 404 as an unknown session; the original is untouched.
             await self._close_quietly(replica.address, x.scope, reopened.upstream_id)
             if not reopened.allowed:
-                return await self.end.owner_gone(x, move.route, cause)
+                return await self.end.answer(x, move.route, cause)
             log.info("re-home refused: the credential is not the session owner's")
             await session_not_found(x.send)
             return RequestOutcome.OWNER_GONE
@@ -317,7 +316,7 @@ class Mover:
         if lost is not None:
             # A router marked it lost while this one re-opened it.
             await self._close_quietly(replica.address, x.scope, reopened.upstream_id)
-            return await self.end.lost(x, move.route, Lost.REQUEST_BROKE)
+            return await self.end.answer(x, move.route, Lost.REQUEST_BROKE)
         self.metrics.rehomed.labels(cause).inc()
         log.info("session of %s re-homed on %s (%s)", move.route.owner, replica.name, cause)
         return new_route
@@ -335,3 +334,10 @@ class Mover:
         self.health.fail(exc)
         await retry_later(send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry")
         return RequestOutcome.UNAVAILABLE
+
+
+def _lost_reason(mark: bytes | str) -> Lost:
+    """The reason a ``lost`` mark in Redis gives (one this router does not know: a
+    request broke)."""
+    reason = mark.decode() if isinstance(mark, bytes) else str(mark)
+    return Lost(reason) if reason in set(Lost) else Lost.REQUEST_BROKE

@@ -10,26 +10,31 @@ the session id swapped (:func:`~mcpfleet.router.route.swap_session`); answers
 carry the client's id back. docs/rehome.md tells what a client sees, and what
 this does not cover.
 
-:class:`Rehomer` decides what becomes of a session whose owner is gone (the
-spec's 404 through :class:`~mcpfleet.router.move.SessionEnd`, or the move its
+:class:`Rehomer` decides what becomes of a session whose owner is gone
+(:meth:`Rehomer.verdict`, a value: the spec's 404 through
+:class:`~mcpfleet.router.move.SessionEnd`, a 503, or the move its
 :class:`~mcpfleet.router.move.Mover` leads) and keeps this router's books for
 it: the requests of each session in flight here. The sticky route
-(:mod:`~mcpfleet.router.sticky`) tells it when a request starts and ends and
-when an owner is found gone, and forwards along the route a move returns. The
-Redis records live in :class:`~mcpfleet.router.table.SessionTable`.
+(:mod:`~mcpfleet.router.sticky`) hands it each forward it counts
+(:meth:`Rehomer.in_flight`) and each owner found gone (:meth:`Rehomer.gone`),
+and forwards along the route a move returns. The Redis records live in
+:class:`~mcpfleet.router.table.SessionTable`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from mcpfleet.answers import ErrorCode
 from mcpfleet.config import RouterConfig
 from mcpfleet.contract import PRINCIPAL_HEADER, REHOME_HEADER
+from mcpfleet.router.decisions import cancellations
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later
 from mcpfleet.router.gone import Lost, OwnerGone, answers_gone_work
 from mcpfleet.router.h1client import Response
 from mcpfleet.router.health import Health
 from mcpfleet.router.metrics import RouterMetrics
-from mcpfleet.router.move import Move, Mover, SessionEnd
+from mcpfleet.router.move import Mover, SessionEnd
 from mcpfleet.router.reinit import InitRecord, initialize_params
 from mcpfleet.router.replicas import ReplicaView
 from mcpfleet.router.route import SessionRoute
@@ -49,8 +54,9 @@ class Rehomer:
     and :meth:`gone` returns its new route.
 
     The books: this router's requests (POSTs) in flight per session
-    (:meth:`enter`, :meth:`leave`; a session busy here is never moved); the
-    moves it leads are its :class:`~mcpfleet.router.move.Mover`'s.
+    (:meth:`in_flight`, through :meth:`enter` and :meth:`leave`; a session busy
+    here is never moved); the moves it leads are its
+    :class:`~mcpfleet.router.move.Mover`'s.
     """
 
     def __init__(
@@ -87,6 +93,25 @@ class Rehomer:
         return InitRecord(params, response.headers.get(PRINCIPAL_HEADER) or "").to_json()
 
     # --- the session's requests in flight on this router -------------------------------
+
+    async def in_flight(
+        self, x: Exchange, owner: str, address: str, forwarding: Awaitable[int | Failure]
+    ) -> int | Failure:
+        """Await ``forwarding``, the forward of ``x`` (a POST of a session) to its
+        ``owner`` at ``address``, counted in flight on this router meanwhile (a
+        session busy here is never moved); a request that had work and may have
+        been cut short with its owner marks the session lost (:meth:`ended`) while
+        it still counts."""
+        session = x.session
+        assert session is not None  # (a sticky exchange's)
+        self.enter(session)
+        try:
+            outcome = await forwarding
+            if cancellations(x.body):
+                await self.ended(session, owner, address, outcome)
+        finally:
+            self.leave(session)
+        return outcome
 
     def enter(self, session: str) -> None:
         """A request (POST) of ``session`` starts on this router."""
@@ -130,6 +155,24 @@ class Rehomer:
         """The owner on ``route`` of ``x``'s session is gone: the answer's outcome
         (the 404, a 503 to retry), or, re-homing, the session's new route, along
         which the caller forwards ``x``. ``rehomed``: ``route`` was just made."""
+        verdict = self.verdict(x, cause, rehomed)
+        if verdict is None:
+            return await self.mover.move(x, route, cause)
+        if isinstance(verdict, RequestOutcome):
+            # The replica just chosen went at once: the session stays re-homable.
+            await retry_later(
+                x.send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
+            )
+            return verdict
+        return await self.end.answer(x, route, verdict)
+
+    def verdict(
+        self, x: Exchange, cause: OwnerGone, rehomed: bool
+    ) -> Lost | OwnerGone | RequestOutcome | None:
+        """What becomes of ``x``'s session, its owner gone (``cause``): it ends with
+        the 404, counted by why (a :class:`Lost` reason, or the ``cause``); a
+        re-homed route's owner gone at once gets a 503 (``UNAVAILABLE``); None:
+        it moves."""
         session = x.session
         assert session is not None  # (a sticky exchange's)
         method = x.scope["method"]
@@ -137,17 +180,13 @@ class Rehomer:
         if rehoming and cause is OwnerGone.DIED and method != "GET":
             # It dropped the request and died: the request may have run. Only a
             # stream's opening request (a GET) has no effect to repeat.
-            return await self.end.lost(x, route, Lost.REQUEST_BROKE)
+            return Lost.REQUEST_BROKE
         if not rehoming or method == "DELETE":
-            return await self.end.owner_gone(x, route, cause)
+            return cause
         if rehomed:
-            # The replica just chosen went at once: the session stays re-homable.
-            await retry_later(
-                x.send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
-            )
             return RequestOutcome.UNAVAILABLE
         if self._busy.get(session):
-            return await self.end.lost(x, route, Lost.IN_FLIGHT)
+            return Lost.IN_FLIGHT
         if method == "POST" and answers_gone_work(x.body):
-            return await self.end.lost(x, route, Lost.ANSWER_ORPHANED)
-        return await self.mover.move(Move(x, session, route, cause))
+            return Lost.ANSWER_ORPHANED
+        return None

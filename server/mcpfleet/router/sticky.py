@@ -7,6 +7,11 @@ unknown, or refuses the connection is the
 :class:`~mcpfleet.router.rehome.Rehomer`'s: the spec's 404 at once (the route
 dropped, so the client re-initializes), or, re-homing, on along the new route
 it returns. Nothing a session's owner may have received is sent elsewhere.
+
+Read top-down: :meth:`Sticky.route` finds the route, :meth:`Sticky._to_owner`
+forwards along it (at most twice: the route found, then the one a move
+returns), :meth:`Sticky._forward` is one forward and says how the owner was
+found gone, if it was.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from mcpfleet import tracing
 from mcpfleet.answers import ErrorCode, jsonrpc_error
 from mcpfleet.config import RouterConfig
-from mcpfleet.router.decisions import RouteKind, cancellations, valid_session_id
+from mcpfleet.router.decisions import RouteKind, valid_session_id
 from mcpfleet.router.exchange import (
     Exchange,
     RequestOutcome,
@@ -83,46 +88,56 @@ class Sticky:
                 return RequestOutcome.UNAVAILABLE
             await session_not_found(x.send)
             return RequestOutcome.CLIENT_ERROR
-        return await self._to_route(x, route)
+        return await self._to_owner(x, route)
 
-    async def _to_route(
-        self, x: Exchange, route: SessionRoute, rehomed: bool = False
-    ) -> RequestOutcome | Failure:
+    async def _to_owner(self, x: Exchange, route: SessionRoute) -> RequestOutcome | Failure:
         """Forward a session's request along its ``route``; an owner found gone is
-        the :class:`~mcpfleet.router.rehome.Rehomer`'s (:meth:`_gone`).
-        ``rehomed``: the route was just made; an owner gone again is a 503."""
+        the :class:`~mcpfleet.router.rehome.Rehomer`'s: the 404, or, re-homing, on
+        along the new route it returns (once: a new route whose owner is gone at
+        once gets a 503 from it, never another route)."""
+        rehomed = False
+        while True:
+            forwarded = await self._forward(x, route)
+            if not isinstance(forwarded, OwnerGone):
+                return forwarded
+            if tracing.ON:
+                tracing.note("mcpfleet.owner_gone", forwarded.value)
+            moved = await self.rehomer.gone(x, route, forwarded, rehomed)
+            if isinstance(moved, RequestOutcome):
+                return moved
+            if tracing.ON:
+                tracing.note("mcpfleet.rehomed", True)
+            # The client's own headers go along (its session id swapped by _forward).
+            route, rehomed = moved, True
+
+    async def _forward(
+        self, x: Exchange, route: SessionRoute
+    ) -> RequestOutcome | Failure | OwnerGone:
+        """Forward a session's request along its ``route``: the outcome, or how its
+        owner was found gone (the request went to no other replica)."""
         session = x.session
         assert session is not None  # (a sticky exchange's)
         owner, upstream_id = route.owner, route.upstream_id
         address = await self.view.locate(owner)
         if address is None:
             # Known dead, or absent from the registry for long: it left.
-            return await self._gone(x, route, OwnerGone.DEREGISTERED, rehomed)
+            return OwnerGone.DEREGISTERED
         alias: tuple[bytes, bytes] | None = None
         forwarded = x
         if upstream_id is not None:
             # The owner knows the session by its own id; answers carry the client's.
             forwarded = x.with_headers(swap_session(x.scope["headers"], session, upstream_id))
             alias = (upstream_id.encode("latin-1"), session.encode("latin-1"))
-        # Only a re-homing router reads the count (a session busy here is not moved).
         method: str = x.scope["method"]
-        counted = self.config.rehome_sessions and method == "POST"
-        if counted:
-            self.rehomer.enter(session)
-        try:
-            outcome = await self.forwarder.forward(
-                forwarded, RouteKind.STICKY, owner, address, alias
-            )
-            if counted and cancellations(x.body):
-                # Marked lost (if it may have been cut with its owner) while the
-                # request still counts in flight here.
-                await self.rehomer.ended(session, owner, address, outcome)
-        finally:
-            if counted:
-                self.rehomer.leave(session)
+        forwarding = self.forwarder.forward(forwarded, RouteKind.STICKY, owner, address, alias)
+        if self.config.rehome_sessions and method == "POST":
+            # Only a re-homing router counts (a session busy here is not moved).
+            outcome = await self.rehomer.in_flight(x, owner, address, forwarding)
+        else:
+            outcome = await forwarding
         if outcome is Failure.REFUSED:
             self.view.drop_dead(owner)
-            return await self._gone(x, route, OwnerGone.REFUSED, rehomed)
+            return OwnerGone.REFUSED
         if outcome is Failure.TIMEOUT:
             # Overloaded, or unreachable: not proof of death. The client may retry.
             await retry_later(
@@ -132,30 +147,16 @@ class Sticky:
         if outcome is Failure.DRAINING:
             # Only a replica that no longer knows the session (or, draining with
             # the handover, hands it over) answers this way.
-            return await self._gone(x, route, OwnerGone.UNKNOWN_TO_OWNER, rehomed)
+            return OwnerGone.UNKNOWN_TO_OWNER
         if outcome is Failure.DROPPED:
             # The owner may have run the request, so it goes nowhere else. An owner
             # that no longer takes connections died with the session: the spec's 404.
             if not await self.upstream.accepts(address):
                 self.view.drop_dead(owner)
-                return await self._gone(x, route, OwnerGone.DIED, rehomed)
+                return OwnerGone.DIED
             await outcome_unknown(x.send, owner)
             return Failure.DROPPED
         if method == "DELETE" and isinstance(outcome, int) and outcome < 300:
             # Only the session's own credential can end it (anyone else gets a 404).
             await self.sessions.drop(session)
         return outcome_of(outcome)
-
-    async def _gone(
-        self, x: Exchange, route: SessionRoute, cause: OwnerGone, rehomed: bool
-    ) -> RequestOutcome | Failure:
-        """The owner on ``route`` is gone: the 404, or, re-homing, on to the new route."""
-        if tracing.ON:
-            tracing.note("mcpfleet.owner_gone", cause.value)
-        moved = await self.rehomer.gone(x, route, cause, rehomed)
-        if isinstance(moved, RequestOutcome):
-            return moved
-        if tracing.ON:
-            tracing.note("mcpfleet.rehomed", True)
-        # The client's own headers go along (its session id swapped by _to_route).
-        return await self._to_route(x, moved, True)
