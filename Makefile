@@ -131,7 +131,7 @@ DURATIONS ?= --durations=15 --durations-min=5
 # fleet, started once by its module-scoped fixtures, stays in one worker). Most
 # of their time is waiting (a minute-long stream, Redis stalled for 3/15/60 s, a
 # 30 s lease), which the other worker fills with its own module: on 2 cores the
-# stage takes a third to two fifths less time than in one process (docs/testing.md
+# stage takes a third to nearly half less time than in one process (docs/testing.md
 # has the figures and the command). Each fleet listens on
 # ports handed out by mcpfleet.dev.ports, which no two processes share, and
 # writes under its worker's own temporary directory. The MCP tasks tests
