@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from fleetkit import faulttable
 
 _TIERS = {
     "unit": "unit",
@@ -45,3 +48,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+# The fault tier's table (fleetkit.faulttable), printed once for the run: under
+# pytest-xdist each worker hands its rows to the controller as it finishes,
+# and the controller, which loads this conftest but not tests/faults/conftest.py,
+# prints and writes them all.
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        faulttable.export_rows(workeroutput)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    faulttable.import_rows(getattr(node, "workeroutput", {}))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if hasattr(terminalreporter.config, "workerinput") or not faulttable.TABLE.rows:
+        return
+    terminalreporter.section("fault tier")
+    terminalreporter.write_line(faulttable.TABLE.render())
+    faulttable.TABLE.write()

@@ -25,13 +25,13 @@ import redis
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import Answer
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.contract import HEARTBEAT_TTL, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.once import ONCE_META_KEY
 
-from .conftest import FaultTable
 from .oncewire import ask, charged, count, final, outcome_unknown, started
 
 LONG_TTL, SHORT_TTL = 600, 5

@@ -27,6 +27,7 @@ from fastmcp import FastMCP
 from fastmcp.tools.base import ToolResult
 
 from fleetkit.failover import link_up, sentinel_redis
+from fleetkit.faulttable import FaultTable
 from fleetkit.redisrig import ADMIN, MASTER, RedisServer, secret_file
 from mcpfleet import redisconn
 from mcpfleet.contract import RedisKeys
@@ -41,8 +42,6 @@ from mcpfleet.once import (
     run_once,
     settle,
 )
-
-from .conftest import FaultTable
 
 KEYS = RedisKeys("oncefailover")
 

@@ -37,13 +37,13 @@ from redis.crc import key_slot
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import initialize_body
 from fleetkit.clusterrig import RedisClusterRig, cluster_fleet, redis_cluster
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import ADMIN, RedisFleet, RedisServer
 from mcpfleet.contract import SESSION_HEADER
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.redisconn import DEFAULT_DEADLINE, DEFAULT_FAILOVER_WAIT
 
-from .conftest import FaultTable
 from .oncewire import ask, charged, count, final, retryable
 
 HEADERS = {

@@ -29,11 +29,10 @@ import pytest
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from fleetkit.faulttable import FaultTable
 from fleetkit.redisrig import ADMIN, RedisServer, secret_file
 from mcpfleet import redisconn
 from mcpfleet.registry import connect
-
-from .conftest import FaultTable
 
 #: A script that returns its argument, and one Redis refuses to run.
 ECHO = "return ARGV[1]"

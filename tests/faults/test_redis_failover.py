@@ -28,11 +28,10 @@ import pytest
 
 from fleetkit.clients.wire import initialize_body
 from fleetkit.failover import FLEET, HEADERS, sentinel_fleet
+from fleetkit.faulttable import FaultTable
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.fleetclient import connect
-
-from .conftest import FaultTable
 
 USERS_PER_ROUTER = 3
 

@@ -27,13 +27,13 @@ import redis
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.rawsession import metric_sum
 from fleetkit.clients.wire import Answer, initialize_body
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.contract import HEARTBEAT_TTL, SESSION_HEADER, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.registry import read_replicas_sync
 
-from .conftest import FaultTable
 from .oncewire import ask, count, final
 
 RECEIPT = 60 * 1024

@@ -30,13 +30,13 @@ import redis
 
 from fleetkit.apps.onceapp import EFFECTS_ENV
 from fleetkit.clients.wire import initialize_body
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, ProcessFleet, require_redis
 from mcpfleet.contract import SESSION_HEADER, RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.redisconn import DEFAULT_DEADLINE
 
-from .conftest import FaultTable
 from .oncewire import ask, charged, count, final, retryable
 
 #: What the docs promise: the Redis deadline plus the replica's own work.

@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
-from .conftest import FaultTable
 from .routerkit import (
     Effects,
     modern_body,

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 
-from .conftest import FaultTable
 from .routerkit import open_session
 
 LIVE = 20

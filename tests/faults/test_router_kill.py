@@ -25,11 +25,11 @@ import httpx
 import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
-from .conftest import FaultTable
 from .routerkit import (
     Effects,
     Reply,

@@ -23,11 +23,11 @@ import pytest
 
 from fleetkit.apps.faultapp import EFFECTS_ENV
 from fleetkit.clients.rawsession import metric_sum, open_sessions
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
 
-from .conftest import FaultTable
 from .routerkit import Effects
 
 REDIS_DEADLINE = 1.0

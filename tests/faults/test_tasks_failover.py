@@ -27,10 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetkit.clients.taskwire import FINAL, create, task
 from fleetkit.failover import FLEET, sentinel_fleet
+from fleetkit.faulttable import FaultTable
 from fleetkit.fleet import FleetOptions
 from mcpfleet.dev.wait import wait_for
-
-from .conftest import FaultTable
 
 pytest.importorskip("fastmcp_tasks", reason="the [tasks] extra: make venv-tasks, make test-tasks")
 

@@ -23,7 +23,8 @@ from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.wire import Answer, accept, initialize_body, modern_call
 from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.contract import ROUTER_ERROR_HEADER, SESSION_ENDED_HEADER
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 
 from .conftest import shared
 

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from fleetkit.clients.wire import modern_call
-from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok, mcpfleet_argv
+from mcpfleet.dev.fleet import LocalFleet, Proc, http_ok, mcpfleet_argv
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import write_ring, write_volume
 from mcpfleet.keys.ring import KeyRing

@@ -17,7 +17,8 @@ import pytest
 
 from fleetkit.clients.wire import initialize_body, modern_call
 from fleetkit.fleet import require_redis
-from mcpfleet.dev.fleet import free_port, mcpfleet_argv
+from mcpfleet.dev.fleet import mcpfleet_argv
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from fleetkit import monitoring
 from fleetkit.fleet import require_redis
-from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 DEV = [sys.executable, "-m", "mcpfleet.cli", "dev", "--replicas", "1"]

@@ -37,7 +37,7 @@ import httpx
 import pytest
 
 from fleetkit.clients.wire import initialize_body, modern_call
-from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

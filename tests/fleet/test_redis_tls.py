@@ -22,7 +22,8 @@ from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import RedisFleet, RedisServer, TLSFiles, acl_log, redis_fleet
 from mcpfleet import redisconn
 from mcpfleet.contract import RedisKeys
-from mcpfleet.dev.fleet import Proc, free_port, mcpfleet_argv
+from mcpfleet.dev.fleet import Proc, mcpfleet_argv
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.once import Confirmed, Record, RedisLedger, new_flow_id
 from mcpfleet.registry import connect, read_replicas_sync

@@ -7,7 +7,6 @@ The "Redis" is a few lines of RESP on a socket that answers ``INFO`` as Redis
 
 from __future__ import annotations
 
-import socket
 import socketserver
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from mcpfleet.dev.ports import free_port
 
 OLD = "6.2.14"
 
@@ -64,12 +65,6 @@ def old_redis() -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def mcpfleet(*args: str) -> subprocess.CompletedProcess[str]:

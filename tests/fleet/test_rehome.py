@@ -26,7 +26,7 @@ import pytest
 from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.rawsession import RawSession, bounded, metric_sum, open_sessions
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared, watched

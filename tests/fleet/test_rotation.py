@@ -10,7 +10,8 @@ import pytest
 from fleetkit import scenarios
 from fleetkit.clients.wire import accept, modern_call
 from fleetkit.fleet import FleetOptions, ProcessFleet, local_fleet
-from mcpfleet.dev.fleet import Proc, free_port, http_ok, mcpfleet_argv
+from mcpfleet.dev.fleet import Proc, http_ok, mcpfleet_argv
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared

@@ -27,7 +27,8 @@ import redis
 from fleetkit.clients.wire import initialize_body
 from fleetkit.fleet import FleetOptions, local_fleet, require_redis
 from mcpfleet.contract import ROUTER_ERROR_HEADER, Attestation, RedisKeys
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.router.proxy import Router, RouterConfig
 

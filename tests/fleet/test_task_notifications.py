@@ -25,7 +25,8 @@ from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.listen import HEADERS, Listener, listen_body, listening
 from fleetkit.clients.taskwire import TASK_META, TASKS, create, task
 from fleetkit.fleet import FleetOptions, local_fleet
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 
 from .conftest import shared
 

@@ -31,7 +31,8 @@ from fleetkit.clients.jwtkit import TokenIssuer
 from fleetkit.clients.taskwire import HEADER_MISMATCH, NOT_FOUND, create, rpc, task
 from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.contract import RedisKeys
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared

@@ -26,7 +26,8 @@ from fleetkit.clients.taskwire import FINAL, create, task
 from fleetkit.fleet import FleetOptions, local_fleet
 from fleetkit.redisrig import RedisServer, acl_log, redis_fleet
 from mcpfleet.contract import RedisKeys
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 from .conftest import shared, watched

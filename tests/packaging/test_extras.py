@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from fleetkit.clients.wire import modern_call
-from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 pytestmark = pytest.mark.packaging

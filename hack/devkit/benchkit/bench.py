@@ -33,7 +33,8 @@ from benchkit.table import Row, render
 from benchkit.targets import Figures, target_rows
 from fleetkit.clients.wire import MODERN, MODERN_META, initialize_body
 from fleetkit.fleet import ProcessFleet
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.fleetclient import connect
 from mcpfleet.keys.codec import ReloadableCodec

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from benchkit.loadgen import WrkResult, run_wrk
 from benchkit.profile_summary import Profile, read_collapsed
-from mcpfleet.dev.fleet import LocalFleet, Proc, free_port
+from mcpfleet.dev.fleet import LocalFleet, Proc
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 Row = tuple[str, str, str, str]

@@ -24,7 +24,8 @@ from benchkit.refbench import checkout, remove_checkout, short_sha
 from benchkit.roundapp import TOOL
 from benchkit.roundcost import JSON_MODE, Row, Server, drive, round_fleet, start_plain
 from benchkit.table import render
-from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, http_ok
+from mcpfleet.dev.fleet import LocalFleet, Proc, http_ok
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 PLAIN = "plain FastMCP, JSON mode"

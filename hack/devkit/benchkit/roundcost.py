@@ -51,7 +51,8 @@ from benchkit.roundapp import ARGS, ONCE_TOOL, TOOL
 from benchkit.table import part_main
 from fleetkit.clients.wire import MODERN, MODERN_META, response_body
 from fleetkit.fleet import DEVKIT_DIR
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 Row = tuple[str, str, str, str]

@@ -79,7 +79,8 @@ from benchkit.table import Row, render
 from fleetkit.clients.wire import initialize_body
 from mcpfleet.config import SESSION_IDLE, RouterConfig
 from mcpfleet.contract import HEARTBEAT_INTERVAL, Attestation, RedisKeys
-from mcpfleet.dev.fleet import LocalFleet, Proc, free_port, mcpfleet_argv
+from mcpfleet.dev.fleet import LocalFleet, Proc, mcpfleet_argv
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.registry import PRUNE_EVERY
 from mcpfleet.router.decisions import pick_stateless, place_session

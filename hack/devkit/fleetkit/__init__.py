@@ -14,8 +14,9 @@ apps. What is where, each layer importing only the ones below it (checked by
   (:mod:`fleetkit.fleet`), the scenarios written once against it
   (:mod:`fleetkit.scenarios`), Redis as users run it (:mod:`fleetkit.redisrig`,
   :mod:`fleetkit.failover`), throwaway certificates (:mod:`fleetkit.certs`),
-  the committed dashboards read as data (:mod:`fleetkit.monitoring`) and what
-  a failing test prints (:mod:`fleetkit.failure`).
+  the committed dashboards read as data (:mod:`fleetkit.monitoring`), what
+  a failing test prints (:mod:`fleetkit.failure`) and the fault tier's table
+  (:mod:`fleetkit.faulttable`).
 - :mod:`fleetkit.clients` and :mod:`fleetkit.apps`, side by side: what the
   tests send (raw wire exchanges, sessions that never re-initialize, MCP tasks,
   traffic under load, JWTs) and the FastMCP apps replicas serve in the tests

@@ -29,7 +29,7 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from fleetkit.fleet import FleetOptions
 from fleetkit.redisrig import ADMIN, NOT_YET, RedisFleet, RedisServer, redis_fleet
-from mcpfleet.dev.fleet import free_port
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 SLOTS = 16384

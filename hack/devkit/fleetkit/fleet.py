@@ -24,7 +24,8 @@ import mcpfleet
 from fleetkit.clients.jwtkit import TokenIssuer
 from mcpfleet.config import DEFAULT_APP
 from mcpfleet.contract import Attestation, RedisKeys
-from mcpfleet.dev.fleet import LocalFleet, free_port
+from mcpfleet.dev.fleet import LocalFleet
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.keys.files import read_ring, write_ring
 from mcpfleet.keys.ring import KeyRing

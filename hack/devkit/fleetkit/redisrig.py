@@ -31,7 +31,8 @@ import redis
 from fleetkit.certs import CertificateAuthority
 from fleetkit.fleet import FleetOptions, ProcessFleet
 from mcpfleet.contract import REDIS_COMPONENTS, Attestation, RedisComponent, RedisKeys
-from mcpfleet.dev.fleet import FleetError, Proc, free_port
+from mcpfleet.dev.fleet import FleetError, Proc
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 from mcpfleet.redisconn import parse_url
 from mcpfleet.registry import read_replicas_sync

@@ -9,7 +9,6 @@ replicas, and is rotated with the same steps the operator performs.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ from mcpfleet.dev.localprom import (
     find_prometheus,
     graph_url,
 )
+from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import WaitTimeout, wait_for
 from mcpfleet.keys.files import write_ring
 from mcpfleet.keys.ring import KeyRing
@@ -45,22 +45,6 @@ from mcpfleet.registry import read_replicas_sync
 
 class FleetError(RuntimeError):
     """A component did not start or a condition was not reached in time."""
-
-
-#: Ports :func:`free_port` handed out lately in this process: the kernel may give a
-#: port that was free a moment ago again before the process it went to binds it.
-_GIVEN: collections.deque[int] = collections.deque(maxlen=512)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free a moment ago, never one handed out lately in this process."""
-    while True:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port: int = s.getsockname()[1]
-        if port not in _GIVEN:
-            _GIVEN.append(port)
-            return port
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:

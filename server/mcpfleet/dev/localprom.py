@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from mcpfleet.dev.ports import free_port
 
 #: The alert rules, where a source checkout (or editable install) has them.
 RULES_FILE = (
@@ -59,13 +60,6 @@ def _unix(rfc3339: str) -> float:
 
 def find_prometheus() -> str | None:
     return shutil.which("prometheus")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def render_config(
@@ -144,7 +138,7 @@ class LocalPrometheus:
                 indent=2,
             )
         )
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         argv = [
             self.binary,
             f"--config.file={config}",

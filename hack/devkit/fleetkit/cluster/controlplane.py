@@ -52,7 +52,7 @@ from fleetkit.cluster.helm import Helm as Helm
 from fleetkit.cluster.helm import HelmError as HelmError
 
 # The one wait helper, re-exported for the rigs that import it from here.
-from mcpfleet.dev.fleet import free_port as fleet_free_port
+from mcpfleet.dev.ports import free_port as fleet_free_port
 from mcpfleet.dev.wait import WaitTimeout as WaitTimeout
 from mcpfleet.dev.wait import wait_for as wait_for
 
