@@ -603,6 +603,26 @@ async def test_a_delete_of_a_gone_owners_session_gets_the_404_not_a_move() -> No
     assert client.status == 404 and rig.pool.sent == []
 
 
+async def test_a_delete_on_a_stale_route_goes_to_the_route_another_router_moved_it_to() -> None:
+    # This router still caches the old owner; another router re-homed the session:
+    # the DELETE ends it where it lives now (the caller forwards it), not with a 404.
+    rig = Rig()
+    rig.sessions.routes[SESSION] = "r2 moved-before"
+    client = Client("DELETE", b"")
+    assert await rig.gone(client) == SessionRoute("r2", "moved-before")
+    assert client.status is None and rig.sessions.routes[SESSION] == "r2 moved-before"
+    assert rig.sessions.cache[SESSION] == "r2 moved-before" and rig.pool.sent == []
+    assert rig.count("mcpfleet_router_owner_gone_total", reason="refused") == 0
+
+
+async def test_a_delete_of_a_gone_owner_with_redis_down_is_a_503_and_the_session_stays() -> None:
+    rig = Rig()
+    rig.sessions.down = True
+    client = Client("DELETE", b"")
+    assert await rig.gone(client) is RequestOutcome.UNAVAILABLE
+    assert client.status == 503 and rig.sessions.routes[SESSION] == OWNER
+
+
 async def test_a_session_record_that_does_not_parse_gets_the_404() -> None:
     rig = Rig()
     rig.sessions.init[SESSION] = "{not json"

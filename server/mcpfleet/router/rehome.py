@@ -32,7 +32,7 @@ from mcpfleet.router.decisions import cancellations
 from mcpfleet.router.exchange import Exchange, RequestOutcome, retry_later
 from mcpfleet.router.gone import Lost, OwnerGone, answers_gone_work
 from mcpfleet.router.h1client import Response
-from mcpfleet.router.health import Health
+from mcpfleet.router.health import Health, RedisDown
 from mcpfleet.router.metrics import RouterMetrics
 from mcpfleet.router.move import Mover, SessionEnd
 from mcpfleet.router.reinit import InitRecord, initialize_params
@@ -75,6 +75,7 @@ class Rehomer:
         #: How a session whose owner is gone ends (the 404, counted).
         self.end = SessionEnd(sessions, metrics)
         #: The moves this router leads.
+        self.health = health
         self.mover = Mover(config, sessions, view, upstream, metrics, health, self.end)
         #: Requests (POST) in flight per session on this router, counted when
         #: re-homing: a session with one when its owner went is not re-homed.
@@ -164,7 +165,30 @@ class Rehomer:
                 x.send, 503, ErrorCode.SERVER_ERROR, "Session owner unavailable; retry"
             )
             return verdict
+        if x.scope["method"] == "DELETE" and self.config.rehome_sessions and not rehomed:
+            # This router's cached route may be stale: a session another router
+            # moved is ended where it lives now, not answered 404 here.
+            moved = await self._moved_elsewhere(x, route)
+            if moved is not None:
+                return moved
         return await self.end.answer(x, route, verdict)
+
+    async def _moved_elsewhere(
+        self, x: Exchange, route: SessionRoute
+    ) -> SessionRoute | RequestOutcome | None:
+        """The session's route in Redis when another router moved it off ``route``
+        (cached by the table); a 503 to retry when Redis cannot say; else None."""
+        session = x.session
+        assert session is not None  # (a sticky exchange's)
+        try:
+            current = await self.sessions.route(session, route)
+        except RedisDown as exc:
+            self.health.fail(exc)
+            await retry_later(
+                x.send, 503, ErrorCode.SERVER_ERROR, "Session directory unavailable; retry"
+            )
+            return RequestOutcome.UNAVAILABLE
+        return current if current is not None and current != route else None
 
     def verdict(
         self, x: Exchange, cause: OwnerGone, rehomed: bool
