@@ -229,8 +229,10 @@ def _fold(
     ctx: Context, answers: Answers, pending: str | None, next_question: NextQuestion
 ) -> Outcome | None:
     """Fold the client's answer to the pending question into ``answers``."""
+    if pending is None:  # a flow's first round: nothing was asked (no params read again)
+        return None
     responses = ctx.input_responses
-    if pending is None or not responses or pending not in responses:
+    if not responses or pending not in responses:
         return None
     result = responses[pending]
     if not isinstance(result, ElicitResult):

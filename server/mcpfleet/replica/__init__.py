@@ -13,5 +13,6 @@
 * ``middleware``: the Prometheus metrics of every round of the app's tools,
   prompts and resources; ``metrics``: the replica's own Prometheus metrics;
   ``taskmetrics``: those of an app's MCP tasks, in the same registry;
-  ``tracing``: the replica's span of each request.
+  ``tracing``: the replica's span of each request; ``spans``: FastMCP's span
+  helpers made free while its spans are off.
 """
