@@ -11,6 +11,7 @@ import pytest
 
 from mcpfleet.contract import RedisKeys
 from mcpfleet.limits import (
+    LEASE_LIFE,
     Limiter,
     LimitRules,
     PrincipalRule,
@@ -22,6 +23,7 @@ from mcpfleet.limits import (
     parse_rules,
     principal_of,
 )
+from mcpfleet.limits._limiter import batch_of
 
 pytestmark = pytest.mark.unit
 
@@ -182,6 +184,82 @@ def test_rounds_are_answered_from_a_lease_and_a_refusal_is_held_in_memory() -> N
         assert await lim.round("p") is None
 
     asyncio.run(run())
+
+
+def test_a_flows_answer_round_after_its_user_thought_finds_the_lease_its_asking_round_took() -> (
+    None
+):
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(rounds=Rate(50, 100)), store, clock)
+
+    async def run() -> None:
+        assert await lim.round("p") is None  # the asking round takes a lease of 5
+        clock.now += 20.0  # the user answers
+        assert await lim.round("p") is None
+        assert store.calls == 1
+        clock.now += LEASE_LIFE  # a lease past its life is not used
+        assert await lim.round("p") is None
+        assert store.calls == 2
+
+    asyncio.run(run())
+
+
+class Bucket:
+    """The TAKE script's GCRA (mcpfleet.limits._store), on the test's clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.tat: dict[str, float] = {}
+
+    async def eval(self, script: str, numkeys: int, key: str, *args: Any) -> Any:
+        now = self.clock.now * 1e6
+        interval, burst, want = (int(a) for a in args)
+        tat = max(self.tat.get(key, 0.0), now)
+        room = int((now + burst * interval - tat) // interval)
+        if room < 1:
+            return [0, int(tat + interval - burst * interval - now)]
+        n = min(room, want)
+        self.tat[key] = tat + n * interval
+        return [n, 0]
+
+
+def test_leases_however_long_they_live_never_let_a_principal_past_its_bucket_and_a_lease_each() -> (
+    None
+):
+    """Three replicas, one principal sending bursts at random times for 10 minutes: in
+    every window the rounds allowed are at most the bucket's (burst + rate x window)
+    plus one lease per replica."""
+    import random
+
+    clock = Clock()
+    bucket = Bucket(clock)
+    rate = Rate(50, 100)
+    replicas = [Limiter(LimitRules(rounds=rate), RedisKeys("t"), clock=clock) for _ in range(3)]
+    for lim in replicas:
+        lim.attach(bucket)
+    rng = random.Random(7)
+    allowed: list[float] = []
+
+    async def run() -> None:
+        start = clock.now
+        while clock.now - start < 600:
+            clock.now += rng.choice([0.001, 0.01, 0.2, 3.0, 40.0])
+            for _ in range(rng.choice([1, 5, 60, 300])):
+                if await rng.choice(replicas).round("p") is None:
+                    allowed.append(clock.now)
+                clock.now += rng.choice([0.0, 0.0005, 0.005])
+
+    asyncio.run(run())
+    lease = batch_of(rate)
+    assert len(allowed) > 2000
+    for window in (0.0, 0.05, 0.5, 5.0, 60.0):
+        worst, j = 0, 0
+        for i, t in enumerate(allowed):
+            while allowed[j] < t - window:
+                j += 1
+            worst = max(worst, i - j + 1)
+        bound = rate.burst + rate.rate * window + len(replicas) * lease
+        assert worst <= bound, f"{worst} rounds allowed within {window} s, bound {bound}"
 
 
 def test_redis_failing_falls_back_to_a_local_bucket_and_leaves_redis_alone_a_while() -> None:

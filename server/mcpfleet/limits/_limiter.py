@@ -9,7 +9,10 @@ another session?". It holds the rules in force (swapped whole on a reload) and:
   refused principal is refused from memory until its retry time: a flood costs
   Redis one call per refusal window, not one per request. A lease is taken out
   of the bucket: a principal never gets more than its rate fleet-wide, and
-  gets less only by what a replica's unspent lease loses when it expires;
+  gets less only by what a replica's unspent lease loses when it expires. In
+  any window the rounds allowed are at most what the bucket allows in it plus
+  the leases the replicas hold when it starts (a tenth of a second of the rate
+  each, :func:`batch_of`), whatever :data:`LEASE_LIFE` is;
 * **listen streams**: a place like a session's, held for the stream's whole
   life (:meth:`Limiter.admit_listen`, given back by :meth:`Limiter.release_listen`,
   renewed with the sessions' places);
@@ -52,8 +55,12 @@ __all__ = [
 
 log = logging.getLogger("mcpfleet.limits")
 
-#: Seconds a replica answers rounds from a lease before it asks Redis again.
-LEASE_LIFE: Final = 0.5
+#: Seconds a replica answers rounds from a lease before it asks Redis again. Long
+#: enough that a flow's answer round, sent once its user answered, and a principal
+#: that comes back every few seconds find the lease their earlier round took: a
+#: lease's rounds were taken out of the bucket when it was made, so how long it
+#: lives never lets a principal past its rate (the bound is in the module docstring).
+LEASE_LIFE: Final = 30.0
 #: Seconds Redis is left alone after a limit check failed on it.
 REDIS_BACKOFF: Final = 1.0
 #: Seconds a held session's place lasts unless renewed (renewed every third of it):
