@@ -12,7 +12,10 @@ their own code:
 
 Two ways to count, both printed per flow (one asking and one answer round):
 
-* CPU (``time.process_time``), every named app in turns, the median of ``--reps``;
+* CPU (``time.process_time``), every named app in turns, the median of ``--reps``.
+  Building the replica turns FastMCP's spans off for the whole process
+  (:mod:`mcpfleet.replica.spans`), plain FastMCP's included, so beside the replica
+  plain FastMCP runs without its spans here: compare it in instructions;
 * instructions, under callgrind (Debian's ``valgrind``): the process turns instrumentation on around
   the measured flows itself (``callgrind_control``), so start-up is not counted::
 

@@ -24,12 +24,17 @@ from benchkit.refbench import checkout, remove_checkout, short_sha
 from benchkit.roundapp import TOOL
 from benchkit.roundcost import JSON_MODE, Row, Server, drive, round_fleet, start_plain
 from benchkit.table import render
-from mcpfleet.dev.fleet import LocalFleet, Proc, http_ok
+from mcpfleet.dev.fleet import NO_LIMITS, LocalFleet, Proc, http_ok
 from mcpfleet.dev.ports import free_port
 from mcpfleet.dev.wait import wait_for
 
 PLAIN = "plain FastMCP, JSON mode"
 NOW = "replica now, limits off"
+
+
+def _has_limits(imports: Path) -> bool:
+    """Whether REF's server (``imports``) has the limits' flags (on by default there)."""
+    return any("--limit-rounds" in p.read_text() for p in imports.rglob("mcpfleet/config/*.py"))
 
 
 def start_ref_replica(lf: LocalFleet, imports: Path, cli: str, name: str) -> tuple[Proc, str]:
@@ -44,6 +49,8 @@ def start_ref_replica(lf: LocalFleet, imports: Path, cli: str, name: str) -> tup
     argv = [sys.executable, "-c", launcher, "serve", "--app", lf.app, "--port", str(port)]
     argv += ["--keys", str(lf.keys_dir), "--redis", lf.redis_url, "--name", name]
     argv += ["--fleet", lf.fleet]  # REF may lack the newer flags (--trusted-hops, limits)
+    if _has_limits(imports):
+        argv += list(NO_LIMITS)  # limits off, as this tree's replica beside it
     proc = Proc(name, argv, lf.workdir / f"{name}.log")
     proc.start(lf.env())
     url = f"http://127.0.0.1:{port}"
