@@ -288,6 +288,7 @@ def test_the_engine_hooks_are_installed_once_and_report_to_the_last_wired_replic
             context.restore_task_snapshot,
             context.TaskContextSnapshot.save,
             handlers.refresh_snapshot_ttl,
+            extension.tasks_get,
         )
 
     def app() -> FastMCP:

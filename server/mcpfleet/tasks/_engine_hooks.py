@@ -33,6 +33,10 @@ installed by a named function below, once per process:
 7    ``fastmcp_tasks.handlers.refresh_snapshot_ttl``     the seal ledger's and the cap's
                                                          scores slid with the snapshot's
                                                          TTL (:func:`_replace_refresh_ttl`)
+8    ``fastmcp_tasks.extension.tasks_get``               read again while a ``tasks/update``
+                                                         moves the task to its next leg,
+                                                         never "completed" with no result
+                                                         (:func:`_replace_tasks_get`)
 ===  ==================================================  ===================================
 
 and, on the fleet's own ``TasksExtension`` (never the app's), its
@@ -71,7 +75,7 @@ from mcpfleet.tasks._fleet import FleetTasks, TaskEvent, tool_of_key
 from mcpfleet.tasks._limits import prefix_of
 from mcpfleet.tasks._sealing import PINNED, ScrubbingCodec, task_member
 from mcpfleet.tasks._share import SHARE_PARAM, declares_concurrency, principal_share, with_share
-from mcpfleet.tasks._status import announce, announce_settled
+from mcpfleet.tasks._status import announce, announce_settled, read_task
 from mcpfleet.tasks._trace import forget_creator, leg_span
 
 T = TypeVar("T")
@@ -165,6 +169,7 @@ class EngineHooks:
         _replace_snapshot_codec(self)
         _replace_snapshot_save(self)
         _replace_refresh_ttl(self)
+        _replace_tasks_get()
 
     def detach(self) -> None:
         """Report to no replica: the replacements stay, passing the engine's behaviour through
@@ -368,6 +373,22 @@ def _replace_mark_cancelled(hooks: EngineHooks) -> None:
         return result
 
     handlers.mark_cancelled = _mark(cancelled)
+
+
+def _replace_tasks_get() -> None:
+    """A client's ``tasks/get``: read again while a ``tasks/update`` moves the task to
+    its next leg (:func:`mcpfleet.tasks._status.read_task`), so a poll that races an
+    answer never reads the task completed with no result."""
+    extension: Any = importlib.import_module("fastmcp_tasks.extension")
+    tasks_get = extension.tasks_get
+    if _ours(tasks_get):
+        return
+
+    @functools.wraps(tasks_get)
+    async def settled(server: Any, task_id: str) -> Any:
+        return await read_task(server, task_id, tasks_get)
+
+    extension.tasks_get = _mark(settled)
 
 
 def _replace_restore_snapshot(hooks: EngineHooks) -> None:

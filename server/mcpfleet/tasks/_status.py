@@ -36,6 +36,7 @@ __all__ = [
     "TaskReader",
     "announce",
     "announce_settled",
+    "read_task",
     "task_id_of_key",
 ]
 
@@ -47,6 +48,8 @@ SETTLE_WAIT: Final = 5.0
 _SETTLE_POLL: Final = 0.02
 #: The leg states that are still in progress (Docket's ``ExecutionState`` values).
 _UNSETTLED: Final = frozenset({"scheduled", "queued", "running"})
+#: Reads of a task at most, while a tasks/update moves it to its next leg (TaskReader).
+_READS: Final = 3
 #: Announcements waiting for their leg to settle, kept until done (never collected).
 _PENDING: set[asyncio.Task[None]] = set()
 
@@ -149,9 +152,43 @@ class TaskReader:
         handlers: Any = importlib.import_module("fastmcp_tasks.handlers")
         try:
             async with asyncio.timeout(self.deadline):
-                result = await handlers.tasks_get(self.app, task_id)
+                result = await read_task(self.app, task_id, handlers.tasks_get)
         except MCPError:
             return None
         detail: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         detail.pop("resultType", None)
         return detail
+
+
+async def read_task(app: Any, task_id: str, tasks_get: Callable[[Any, str], Awaitable[Any]]) -> Any:
+    """The engine's ``tasks_get(app, task_id)``, read again while a ``tasks/update``
+    moves the task to its next leg (at most :data:`_READS` reads).
+
+    The engine reads the task's current leg, then whether that leg still asks for
+    input. An update that lands between the two moves the task to its next leg and
+    clears the answered leg's questions first, so the read finds a leg that ended
+    asking nothing: the task "completed", with no result. A client that takes
+    that for the end keeps ``None`` as its result. So a completed read is taken
+    only when the task's current leg is the same before and after it
+    (``tests/unit/test_task_reader.py`` lands an update inside the read).
+    """
+    result = None
+    for _ in range(_READS):
+        leg = await _leg(app, task_id)
+        result = await tasks_get(app, task_id)
+        if getattr(result, "status", None) != "completed" or await _leg(app, task_id) == leg:
+            break
+    return result
+
+
+async def _leg(app: Any, task_id: str) -> tuple[str | None, int] | None:
+    """The task's current leg (its execution key and number), as the engine reads it."""
+    docket = getattr(app, "_docket", None)
+    if docket is None:
+        return None
+    store: Any = importlib.import_module("fastmcp_tasks.input_store")
+    scope: Any = importlib.import_module("fastmcp_tasks.context")
+    leg: tuple[str | None, int] = await store.load_current_leg(
+        docket, scope.get_task_scope(), task_id
+    )
+    return leg
