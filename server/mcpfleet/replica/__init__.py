@@ -14,5 +14,6 @@
   prompts and resources; ``metrics``: the replica's own Prometheus metrics;
   ``taskmetrics``: those of an app's MCP tasks, in the same registry;
   ``tracing``: the replica's span of each request; ``spans``: FastMCP's span
-  helpers made free while its spans are off.
+  helpers made free while its spans are off; ``toollookup``: FastMCP's tool
+  lookup without a task group for one local provider.
 """

@@ -72,6 +72,7 @@ from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
 from mcpfleet.replica.spans import skip_span_helpers
+from mcpfleet.replica.toollookup import skip_lookup_tasks
 from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
 from mcpfleet.tasks import (
     FleetTasks,
@@ -102,8 +103,10 @@ class Replica:
         self.mcp_app = load_app(config.app)
         if quiet_telemetry():
             log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
-        # With the spans off, FastMCP's helpers still build every span's attributes.
+        # With the spans off, FastMCP's helpers still build every span's attributes;
+        # and each tool lookup makes a task group, even for one provider.
         skip_span_helpers()
+        skip_lookup_tasks()
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.limiter, self.rules_watcher = wiring.limits(config, self.metrics)
         self.audience = config.resolved_audience()
