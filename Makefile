@@ -43,7 +43,7 @@ venv-tasks: $(TASKS_VENV)/.installed ## the venv of the MCP tasks tests (.venv-t
 
 # The operator's rotation under live tasks runs on the control plane: the tools too.
 test-tasks: venv-tasks deps tools conformance-tasks-suite ## the MCP tasks tests (unit, fleet, the tasks-* conformance scenarios, and the operator under live tasks on the control plane) in .venv-tasks
-	$(TASKS_VENV)/bin/python -m pytest tests -m tasks
+	$(TASKS_VENV)/bin/python -m pytest tests -m tasks $(PROCESS_WORKERS)
 
 # Drift: .venv-latest holds every dependency at the newest version pyproject.toml's
 # bounds allow today (pip without the lock, --upgrade, eager), resolved again on
@@ -141,15 +141,13 @@ DURATIONS ?= --durations=15 --durations-min=5
 # has the figures and the command). Each fleet listens on
 # ports handed out by mcpfleet.dev.ports, which no two processes share, and
 # writes under its worker's own temporary directory. PROCESS_WORKERS= runs them
-# in one process. The MCP tasks tests (.venv-tasks) run in one process: on two
-# workers one whole run in four failed in tests/fleet/test_task_notifications.py
-# (a completed task's result None), a cause not yet found (docs/testing.md).
+# in one process. The MCP tasks tests (.venv-tasks) run on two workers too.
 PROCESS_WORKERS ?= -n 2 --dist loadfile
 test: venv lint typecheck test-unit test-latest venv-tasks deps bench-deps tools conformance-suite conformance-tasks-suite $(NODE_PREREQS) ## everything CI runs, cheapest first: lint, typecheck, the unit tiers, the process tiers, control plane and node, the tasks tests, then the e2e tier on E2E_PROVIDER (kind)
 	$(if $(E2E_AUTOSCALING),bash hack/image/autoscaling.sh --prebuild)
 	$(PY) -m pytest tests --ignore=tests/e2e -m "not ($(CHEAP_TIERS) or controlplane or node)" $(PROCESS_WORKERS) $(DURATIONS)
 	$(PY) -m pytest tests --ignore=tests/e2e -m "(controlplane or node) and not ($(CHEAP_TIERS))" $(DURATIONS)
-	$(TASKS_VENV)/bin/python -m pytest tests -m tasks $(DURATIONS)
+	$(TASKS_VENV)/bin/python -m pytest tests -m tasks $(PROCESS_WORKERS) $(DURATIONS)
 	$(if $(E2E_AUTOSCALING),bash hack/image/autoscaling.sh)
 	$(PY) -m pytest tests/e2e --cluster-provider $(E2E_PROVIDER) $(DURATIONS)
 
