@@ -14,6 +14,7 @@ their counts are right.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -32,6 +33,7 @@ from fleetkit.fleet import FleetOptions, local_fleet
 from mcpfleet.contract import RedisKeys
 from mcpfleet.dev.fleet import LocalFleet
 from mcpfleet.dev.wait import wait_for
+from mcpfleet.limits import principal_of
 from mcpfleet.notify import BUFFERED_EVENTS
 
 from .conftest import watched
@@ -72,6 +74,12 @@ def who(n: int) -> dict[str, str]:
     return {"x-forwarded-for": f"10.0.0.{n}"}
 
 
+def peer(n: int) -> dict[str, object]:
+    """What a replica reads principal ``n`` from: the router's hop and its address."""
+    address = who(n)["x-forwarded-for"].encode()
+    return {"client": ("127.0.0.1", 1), "headers": [(b"x-forwarded-for", address)]}
+
+
 async def acked(listener: Listener) -> Listener:
     assert listener.status == 200, listener.status
     ack = await listener.next_event(5)
@@ -106,7 +114,11 @@ async def test_a_principals_streams_are_capped_fleet_wide_and_a_replicas_streams
         assert third.json()["error"]["data"]["limit"] == "listen", third.text
         # Another principal is not refused.
         await listen(c, 2)
-    # Every stream above ended with the block: the places are given back at once.
+    # Every stream above ended with the block: each replica gives its place back as it
+    # sees its client gone, within moments (the next requests must not outrun that).
+    held = RedisKeys(fleet.fleet).limit("listen", principal_of(peer(1), 1))
+    with contextlib.closing(redis.Redis.from_url(fleet.redis_url)) as client:
+        wait_for(lambda: client.zcard(held) == 0, timeout=5, what="the places given back")
     async with AsyncExitStack() as stack:
         for n in (1, 1):
             ctx = listening(http, c, 8, headers=who(n), toolsListChanged=True)
