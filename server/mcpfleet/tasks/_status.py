@@ -165,9 +165,9 @@ async def read_task(app: Any, task_id: str, tasks_get: Callable[[Any, str], Awai
     moves the task to its next leg (at most :data:`_READS` reads).
 
     The engine reads the task's current leg, then whether that leg still asks for
-    input. An update that lands between the two moves the task to its next leg and
-    clears the answered leg's questions first, so the read finds a leg that ended
-    asking nothing: the task "completed", with no result. A client that takes
+    input. An update that lands between the two enqueues the next leg, moves the
+    task to it, and clears the answered leg's questions, so the read finds a leg that
+    ended asking nothing: the task "completed", with no result. A client that takes
     that for the end keeps ``None`` as its result. So a completed read is taken
     only when the task's current leg is the same before and after it
     (``tests/unit/test_task_reader.py`` lands an update inside the read).
