@@ -39,13 +39,18 @@ from fleetkit.cluster.helm import Helm
 from fleetkit.cluster.operatorkit import OperatorEnv, keyring_body, operator_env, ring_body_for
 from mcpfleet.contract import Attestation, RedisKeys
 from mcpfleet_operator.api import KEYRINGS
-from mcpfleet_operator.deletioncost import DELETION_COST_ANNOTATION, WEIGHTS
+from mcpfleet_operator.deletioncost import DELETION_COST_ANNOTATION, WEIGHTS, PatchPolicy
 
 pytestmark = pytest.mark.controlplane
 
 RING = "keys"
 #: Seconds the operator has to bring a cost in line (a tick is 1 s, reads 2 s at most each).
 BOUND = 30.0
+#: Seconds until a cost is exact. A heartbeat taken while one of the test's own requests
+#: is served counts it (``inflight``, 5); the operator writes that sample when it differs
+#: enough from the Pod's cost, and the request's end, a smaller change, only once it has
+#: lasted the policy's ``max_interval`` (30 s) since that write.
+EXACT = BOUND + PatchPolicy().max_interval
 PATCHED = "mcpfleet_operator_deletion_cost_patches_total"
 
 
@@ -99,7 +104,7 @@ async def _until(condition: Callable[[], Any], what: str, timeout: float = BOUND
 
 async def _costs_are(env: OperatorEnv, wanted: dict[str, int]) -> None:
     expected = {name: str(cost) for name, cost in wanted.items()}
-    await _until(lambda: _costs(env) == expected, f"the Pods' costs to be {expected}")
+    await _until(lambda: _costs(env) == expected, f"the Pods' costs to be {expected}", EXACT)
 
 
 async def _end(http: httpx.AsyncClient, sessions: list[RawSession]) -> None:
