@@ -8,7 +8,12 @@ their own code:
 * ``replica``: the replica's whole ASGI app (:func:`mcpfleet.replica.process.build_asgi`)
   of :func:`benchkit.roundapp.fleet`, standalone, limits off;
 * ``replica-app``: the same replica's JSON-mode app alone, without the layers in
-  front of it (gate, refused credentials, Host/Origin guard, response modes).
+  front of it (gate, refused credentials, Host/Origin guard, response modes);
+* ``replica-user``: the replica as a user gets it (every flag at its default:
+  limits per principal on, notifications on), on the Redis ``--redis`` names,
+  which the caller starts. Every app's flows come from
+  :data:`benchkit.roundcost.USER_PRINCIPALS` client addresses in turn, as in
+  ``make bench``.
 
 Two ways to count, both printed per flow (one asking and one answer round):
 
@@ -45,12 +50,16 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from benchkit.roundapp import TOOL, plain
-from benchkit.roundcost import HEADERS, _body
+from benchkit.roundcost import HEADERS, USER_PRINCIPALS, _body
 
 APPS = ("plain", "replica", "replica-app")
+#: Apps that need ``--redis``.
+REDIS_APPS = ("replica-user",)
+ADDRESSES = [f"10.0.{i // 250}.{i % 250 + 1}".encode() for i in range(USER_PRINCIPALS)]
+_sent = 0
 
 
-def build(which: str, stretch: float = 1.0) -> ASGIApp:
+def build(which: str, stretch: float = 1.0, redis_url: str | None = None) -> ASGIApp:
     """The ASGI app named ``which`` (see the module docstring)."""
     if which == "plain":
         return plain.http_app(path="/mcp", json_response=True)
@@ -60,19 +69,29 @@ def build(which: str, stretch: float = 1.0) -> ASGIApp:
     from mcpfleet.replica.process import build_asgi
     from mcpfleet.replica.runtime import Replica
 
-    config = ReplicaConfig(
-        keys_dir=Path("/nonexistent"),
-        app="benchkit.roundapp:fleet",
-        trusted_hops=1,
-        limit_sessions=0,
-        limit_rounds=0,
-        limit_listen=0,
-    )
+    if which in REDIS_APPS:
+        if redis_url is None:
+            raise SystemExit(f"{which} needs --redis URL (a redis-server of yours)")
+        config = ReplicaConfig(
+            keys_dir=Path("/nonexistent"),
+            app="benchkit.roundapp:fleet",
+            trusted_hops=1,
+            redis_url=redis_url,
+        )
+    else:
+        config = ReplicaConfig(
+            keys_dir=Path("/nonexistent"),
+            app="benchkit.roundapp:fleet",
+            trusted_hops=1,
+            limit_sessions=0,
+            limit_rounds=0,
+            limit_listen=0,
+        )
     replica = Replica(config, KeyRing.generate())
     # The watch's delay stretched as the clock is (a Final constant: set from outside).
     setattr(respmode, "WATCH_AFTER", respmode.WATCH_AFTER * stretch)  # noqa: B010
     whole = build_asgi(replica)
-    if which == "replica":
+    if which in ("replica", *REDIS_APPS):
         return whole
     if which == "replica-app":
         assert replica.json_app is not None
@@ -99,8 +118,11 @@ _HEADERS = [
 
 
 async def call(app: ASGIApp, body: bytes) -> dict[str, Any]:
-    """One POST to ``/mcp`` through ``app``; its JSON-RPC result."""
-    headers = [*_HEADERS, (b"x-forwarded-for", b"10.0.0.1")]
+    """One POST to ``/mcp`` through ``app``, from the next of :data:`ADDRESSES`; its
+    JSON-RPC result."""
+    global _sent
+    address, _sent = ADDRESSES[_sent % len(ADDRESSES)], _sent + 1
+    headers = [*_HEADERS, (b"x-forwarded-for", address)]
     headers.append((b"content-length", str(len(body)).encode()))
     scope = {
         "type": "http",
@@ -181,8 +203,8 @@ async def flows(app: ASGIApp, n: int, batch: int = 50) -> tuple[float, float]:
     return ask / done * 1e6, answer / done * 1e6
 
 
-async def compare(names: list[str], n: int, reps: int) -> None:
-    apps = {name: build(name) for name in names}
+async def compare(names: list[str], n: int, reps: int, redis_url: str | None) -> None:
+    apps = {name: build(name, redis_url=redis_url) for name in names}
     stops = [await lifespan(app) for app in apps.values()]
     for app in apps.values():
         await flows(app, 100)  # warm every path up
@@ -205,8 +227,8 @@ async def compare(names: list[str], n: int, reps: int) -> None:
         await stop()
 
 
-async def grind(name: str, n: int) -> None:
-    app = build(name, stretch=50.0)
+async def grind(name: str, n: int, redis_url: str | None) -> None:
+    app = build(name, stretch=50.0, redis_url=redis_url)
     stop = await lifespan(app)
     await flows(app, 100)
     gc.collect()
@@ -220,7 +242,9 @@ async def grind(name: str, n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("apps", nargs="*", default=list(APPS), help=f"of {', '.join(APPS)}")
+    names = (*APPS, *REDIS_APPS)
+    parser.add_argument("apps", nargs="*", default=list(APPS), help=f"of {', '.join(names)}")
+    parser.add_argument("--redis", help="a Redis URL, for " + ", ".join(REDIS_APPS))
     parser.add_argument("--flows", type=int, default=500)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--grind", action="store_true", help="one app, under callgrind")
@@ -228,9 +252,9 @@ def main() -> None:
     import uvloop
 
     if args.grind:
-        uvloop.run(grind(args.apps[0], args.flows))
+        uvloop.run(grind(args.apps[0], args.flows, args.redis))
     else:
-        uvloop.run(compare(args.apps, args.flows, args.reps))
+        uvloop.run(compare(args.apps, args.flows, args.reps, args.redis))
 
 
 if __name__ == "__main__":

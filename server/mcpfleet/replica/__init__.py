@@ -15,5 +15,6 @@
   ``taskmetrics``: those of an app's MCP tasks, in the same registry;
   ``tracing``: the replica's span of each request; ``spans``: FastMCP's span
   helpers made free while its spans are off; ``toollookup``: FastMCP's tool
-  lookup without a task group for one local provider.
+  lookup without a task group for one local provider; ``roundparams``: a
+  round's input responses and state parsed once a request.
 """

@@ -71,6 +71,7 @@ from mcpfleet.replica.limitgate import LimitGate, RefusedCredentials
 from mcpfleet.replica.metrics import ReplicaMetrics, exposition
 from mcpfleet.replica.middleware import PrometheusMiddleware
 from mcpfleet.replica.respmode import ResponseModes
+from mcpfleet.replica.roundparams import parse_round_params_once
 from mcpfleet.replica.spans import skip_span_helpers
 from mcpfleet.replica.toollookup import skip_lookup_tasks
 from mcpfleet.replica.tracing import TracedRequests, traced_codec_events
@@ -87,6 +88,18 @@ _OURS = "_mcpfleet_replica_installed"
 TASK_QUEUE_READ_INTERVAL = 2.0
 
 
+def _spare_fastmcps_repeats() -> None:
+    """FastMCP's work on every round that no one uses, left out (each module says why)."""
+    if quiet_telemetry():
+        log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
+    # With the spans off, FastMCP's helpers still build every span's attributes;
+    # each tool lookup makes a task group, even for one provider; and each read of
+    # a round's input responses or state parses the request's params again.
+    skip_span_helpers()
+    skip_lookup_tasks()
+    parse_round_params_once()
+
+
 class Replica:
     """The assembled replica: app, gate, watcher, publisher, drain."""
 
@@ -101,12 +114,7 @@ class Replica:
         self.metrics = ReplicaMetrics(app=config.app, ring=lambda: self.codec.ring, gate=self.state)
         self.codec = ReloadableCodec(ring, observer=traced_codec_events(self.metrics.codec_event))
         self.mcp_app = load_app(config.app)
-        if quiet_telemetry():
-            log.info("no OpenTelemetry SDK configured: FastMCP's and mcp's spans are off")
-        # With the spans off, FastMCP's helpers still build every span's attributes;
-        # and each tool lookup makes a task group, even for one provider.
-        skip_span_helpers()
-        skip_lookup_tasks()
+        _spare_fastmcps_repeats()
         self.rounds = install_rounds_middleware(self.mcp_app, self.metrics)
         self.limiter, self.rules_watcher = wiring.limits(config, self.metrics)
         self.audience = config.resolved_audience()
