@@ -8,7 +8,6 @@ and must answer alike; FastMCP's parses of the fields are counted.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import mcp_types
@@ -16,6 +15,7 @@ import pytest
 from fastmcp import Client, Context, FastMCP
 from mcp_types import InputRequiredResult
 
+from fleetkit.upstream import assert_left_alone
 from mcpfleet import Question, ask_then, first_missing
 from mcpfleet.replica import roundparams
 from mcpfleet.replica.roundparams import (
@@ -181,12 +181,6 @@ def test_twice_is_once_and_a_method_that_is_not_fastmcps_is_left_alone(
 ) -> None:
     assert parse_round_params_once() and parse_round_params_once()
     assert Context.__dict__["_input_response_params"].__wrapped__ is FASTMCPS
-
-    def someone_elses(self: Any) -> Any:
-        return None
-
-    monkeypatch.setattr(Context, "_input_response_params", someone_elses)
-    with caplog.at_level(logging.WARNING, logger="mcpfleet.replica"):
-        assert not parse_round_params_once()
-    assert Context.__dict__["_input_response_params"] is someone_elses
-    assert "is not FastMCP's own" in caplog.text
+    assert_left_alone(
+        Context, "_input_response_params", parse_round_params_once, monkeypatch, caplog
+    )

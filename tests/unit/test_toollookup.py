@@ -17,6 +17,7 @@ from fastmcp.exceptions import NotFoundError
 from fastmcp.server.providers import aggregate
 from fastmcp.server.providers.aggregate import AggregateProvider
 
+from fleetkit.upstream import assert_left_alone
 from mcpfleet.replica.toollookup import lookup_tasks_skipped, skip_lookup_tasks
 
 pytestmark = pytest.mark.unit
@@ -163,12 +164,4 @@ def test_twice_is_once_and_a_method_that_is_not_fastmcps_is_left_alone(
     fast = AggregateProvider.__dict__["_get_tool"]
     assert skip_lookup_tasks()
     assert AggregateProvider.__dict__["_get_tool"] is fast
-
-    async def someone_elses(self: Any, name: str, version: Any = None) -> Any:
-        return None
-
-    monkeypatch.setattr(AggregateProvider, "_get_tool", someone_elses)
-    with caplog.at_level(logging.WARNING, logger="mcpfleet.replica"):
-        assert not skip_lookup_tasks()
-    assert AggregateProvider.__dict__["_get_tool"] is someone_elses
-    assert "is not FastMCP's own" in caplog.text
+    assert_left_alone(AggregateProvider, "_get_tool", skip_lookup_tasks, monkeypatch, caplog)
