@@ -20,7 +20,9 @@ separately. Latency is each round's wall time at the client (p50/p99).
 Each server runs in :data:`PROCESSES` processes started alike, and its slices go
 to each in turn: a Python process's CPU per round differs from its twin's by a
 few % for its whole life (its hash seed, its memory layout), so a figure of one
-process moved the ratios by about as much as the targets' margins.
+process moved the ratios by about as much as the targets' margins. Slices are
+short (10 flows) because the machine's speed moves within seconds, for every
+server alike: a turn of every server must be shorter than that.
 
 The targets, printed with PASS/FAIL and the ratios they are on:
 
