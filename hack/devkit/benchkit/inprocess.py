@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import os
@@ -69,24 +70,19 @@ def build(which: str, stretch: float = 1.0, redis_url: str | None = None) -> ASG
     from mcpfleet.replica.process import build_asgi
     from mcpfleet.replica.runtime import Replica
 
-    if which in REDIS_APPS:
-        if redis_url is None:
-            raise SystemExit(f"{which} needs --redis URL (a redis-server of yours)")
-        config = ReplicaConfig(
-            keys_dir=Path("/nonexistent"),
-            app="benchkit.roundapp:fleet",
-            trusted_hops=1,
-            redis_url=redis_url,
-        )
-    else:
-        config = ReplicaConfig(
-            keys_dir=Path("/nonexistent"),
-            app="benchkit.roundapp:fleet",
-            trusted_hops=1,
-            limit_sessions=0,
-            limit_rounds=0,
-            limit_listen=0,
-        )
+    # As a user gets it: every flag at its default, on the caller's Redis. Else
+    # standalone, the limits off.
+    user = which in REDIS_APPS
+    if user and redis_url is None:
+        raise SystemExit(f"{which} needs --redis URL (a redis-server of yours)")
+    config = ReplicaConfig(
+        keys_dir=Path("/nonexistent"),
+        app="benchkit.roundapp:fleet",
+        trusted_hops=1,
+        redis_url=redis_url if user else None,
+    )
+    if not user:
+        config = dataclasses.replace(config, limit_sessions=0, limit_rounds=0, limit_listen=0)
     replica = Replica(config, KeyRing.generate())
     # The watch's delay stretched as the clock is (a Final constant: set from outside).
     setattr(respmode, "WATCH_AFTER", respmode.WATCH_AFTER * stretch)  # noqa: B010

@@ -133,7 +133,6 @@ class Server:
     #: slices go to each in turn (:meth:`instances`), so one process's luck (its hash
     #: seed, its memory layout: a few % either way) weighs a share of the figure.
     more: tuple[tuple[str, int], ...] = ()
-    slices: int = 0
 
     def instances(self) -> list[tuple[str, int]]:
         return [(self.url, self.pid), *self.more]
@@ -144,7 +143,6 @@ class Server:
             every = self.instances()
             self.url, self.pid = every[1]
             self.more = (*every[2:], every[0])
-        self.slices += 1
 
     def next_address(self) -> str:
         address = self.addresses[self.flows % len(self.addresses)]
@@ -318,7 +316,6 @@ def drive(servers: list[Server], flows: int, slice_flows: int) -> None:
                 _batch(http, s, 50, timed=False)
                 s.mode = response_mode(http, s)
                 s.take_turn()
-            s.slices = 0
         for i in range(max(1, flows // slice_flows)):
             shift = i % len(servers)
             for s in servers[shift:] + servers[:shift]:
