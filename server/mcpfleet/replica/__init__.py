@@ -16,5 +16,6 @@
   ``tracing``: the replica's span of each request; ``spans``: FastMCP's span
   helpers made free while its spans are off; ``toollookup``: FastMCP's tool
   lookup without a task group for one local provider; ``roundparams``: a
-  round's input responses and state parsed once a request.
+  round's input responses and state parsed once a request; ``infront``: how
+  those two are put in front of FastMCP's own methods, and only of its own.
 """

@@ -29,16 +29,14 @@ checks before it serves), and only while the method is still FastMCP's own.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any, Final
 
-import fastmcp
 from fastmcp.server.context import Context
 
-__all__ = ["MEMO_SIZE", "parse_round_params_once", "round_params_parsed_once"]
+from mcpfleet.replica.infront import in_front, put_in_front
 
-log = logging.getLogger("mcpfleet.replica")
+__all__ = ["MEMO_SIZE", "parse_round_params_once", "round_params_parsed_once"]
 
 #: Requests whose parsed fields are kept at once (a request's reads may interleave
 #: with other requests' at each ``await`` between them).
@@ -69,15 +67,12 @@ def _memoized(original: Callable[[Context], Any]) -> Callable[[Context], Any]:
         memo[key] = (params, state, responses, parsed)
         return parsed
 
-    _input_response_params.__wrapped__ = original  # type: ignore[attr-defined]
-    _input_response_params.__qualname__ = original.__qualname__
-    _input_response_params.__doc__ = original.__doc__
     return _input_response_params
 
 
 def round_params_parsed_once() -> bool:
     """Whether the memo is in front of ``Context._input_response_params``."""
-    return hasattr(Context.__dict__.get(_METHOD), "__wrapped__")
+    return in_front(Context, _METHOD)
 
 
 def parse_round_params_once() -> bool:
@@ -86,19 +81,4 @@ def parse_round_params_once() -> bool:
     Idempotent. A method that is not FastMCP's own any more (another FastMCP, or
     something else replaced it) is left alone, and one line says so.
     """
-    if round_params_parsed_once():
-        return True
-    current = Context.__dict__.get(_METHOD)
-    if (
-        current is None
-        or getattr(current, "__qualname__", None) != f"Context.{_METHOD}"
-        or getattr(current, "__module__", None) != Context.__module__
-    ):
-        log.warning(
-            "fastmcp %s: Context.%s is not FastMCP's own; a round's fields are parsed at each read",
-            fastmcp.__version__,
-            _METHOD,
-        )
-        return False
-    setattr(Context, _METHOD, _memoized(current))
-    return True
+    return put_in_front(Context, _METHOD, _memoized, "a round's fields are parsed at each read")

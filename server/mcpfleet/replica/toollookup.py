@@ -31,17 +31,15 @@ checks before it serves), and only while the method is still FastMCP's own.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
-import fastmcp
 from fastmcp.server.providers.aggregate import AggregateProvider
 from fastmcp.server.providers.local_provider import LocalProvider
 
-__all__ = ["lookup_tasks_skipped", "skip_lookup_tasks"]
+from mcpfleet.replica.infront import in_front, put_in_front
 
-log = logging.getLogger("mcpfleet.replica")
+__all__ = ["lookup_tasks_skipped", "skip_lookup_tasks"]
 
 
 def _local_types() -> tuple[type[Any], ...]:
@@ -66,15 +64,12 @@ def _fast(original: Callable[..., Any]) -> Callable[..., Any]:
             found = exc
         return self._get_highest_version_result([found], f"get_tool({name!r})")
 
-    _get_tool.__wrapped__ = original  # type: ignore[attr-defined]
-    _get_tool.__qualname__ = original.__qualname__
-    _get_tool.__doc__ = original.__doc__
     return _get_tool
 
 
 def lookup_tasks_skipped() -> bool:
     """Whether the fast path is in front of ``AggregateProvider._get_tool``."""
-    return hasattr(AggregateProvider.__dict__.get("_get_tool"), "__wrapped__")
+    return in_front(AggregateProvider, "_get_tool")
 
 
 def skip_lookup_tasks() -> bool:
@@ -83,20 +78,10 @@ def skip_lookup_tasks() -> bool:
     Idempotent. A method that is not FastMCP's own any more (another FastMCP, or
     something else replaced it) is left alone, and one line says so.
     """
-    current = AggregateProvider.__dict__.get("_get_tool")
-    if lookup_tasks_skipped():
-        return True
-    if (
-        current is None
-        or getattr(current, "__qualname__", None) != "AggregateProvider._get_tool"
-        or getattr(current, "__module__", None) != AggregateProvider.__module__
-        or not hasattr(AggregateProvider, "_get_highest_version_result")
-    ):
-        log.warning(
-            "fastmcp %s: AggregateProvider._get_tool is not FastMCP's own; each tool "
-            "lookup still makes a task group",
-            fastmcp.__version__,
-        )
-        return False
-    AggregateProvider._get_tool = _fast(current)  # type: ignore[method-assign]
-    return True
+    return put_in_front(
+        AggregateProvider,
+        "_get_tool",
+        _fast,
+        "each tool lookup still makes a task group",
+        needs=("_get_highest_version_result",),
+    )
