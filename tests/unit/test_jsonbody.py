@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcpfleet.jsonbody import is_initialize, is_request, may_name, method_of
+from mcpfleet.jsonbody import is_initialize, is_request, may_be_escaped, may_name, method_of
 
 pytestmark = pytest.mark.unit
 
@@ -40,3 +40,10 @@ def test_a_request_has_a_method_and_an_id_at_its_top_level(body: bytes, expected
 def test_a_body_without_the_literal_or_an_escape_cannot_name_it() -> None:
     assert not may_name(b'{"method":"ping"}', b"tools/call")
     assert method_of(b"[]") is None and method_of(b'{"method":1}') is None
+
+
+def test_an_escape_is_looked_for_past_a_backslash_and_found_as_the_two_bytes_were() -> None:
+    assert not may_be_escaped(b'{"method":"tools/call","id":1}')
+    assert not may_be_escaped(b'{"text":"a \\n b \\" c"}'), "backslashes, no \\u"
+    assert may_be_escaped(b'{"\\u006dethod":"x"}')
+    assert may_be_escaped(b'{"text":"\\\\u"}'), "an escaped backslash before u: a yes, safe"

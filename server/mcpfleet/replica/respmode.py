@@ -39,6 +39,8 @@ from mcp.server.streamable_http_manager import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcpfleet.jsonbody import may_be_escaped
+
 __all__ = ["STREAM_MARKERS", "WATCH_AFTER", "ResponseModes", "may_stream"]
 
 _VERSION_HEADER: Final = b"mcp-protocol-version"
@@ -46,8 +48,9 @@ _LENGTH_HEADER: Final = b"content-length"
 #: Seconds a JSON-mode handler runs before a task starts watching for its client's
 #: disconnect (:func:`_cancelled_on_disconnect`).
 WATCH_AFTER: Final = 0.05
-#: Bytes whose presence in a modern request's body means it may be streamed to.
-STREAM_MARKERS: Final = (b"progressToken", b"logLevel", b"subscriptions/listen", b"\\u")
+#: Bytes whose presence in a modern request's body means it may be streamed to
+#: (a ``\\u`` escape too: :func:`may_stream`).
+STREAM_MARKERS: Final = (b"progressToken", b"logLevel", b"subscriptions/listen")
 
 
 def may_stream(body: bytes) -> bool:
@@ -57,7 +60,10 @@ def may_stream(body: bytes) -> bool:
     a "no" is safe because a JSON key or method name in the body appears
     there as written, unless escaped (any ``\\u`` counts as a yes).
     """
-    return any(marker in body for marker in STREAM_MARKERS)
+    for marker in STREAM_MARKERS:
+        if marker in body:
+            return True
+    return may_be_escaped(body)
 
 
 def _modern(scope: Scope) -> bool:
