@@ -117,7 +117,8 @@ def test_unauthenticated_principals_are_hashed_addresses_or_one_shared() -> None
 
 
 class Store:
-    """A stand-in for Redis with ``eval``: a count of calls, a bucket per key, able to fail."""
+    """A stand-in for Redis with ``eval``: a count of calls, a bucket per key, able to fail,
+    and to hold its answers until ``held`` is set."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -125,9 +126,12 @@ class Store:
         self.granted: dict[str, int] = {}
         self.room = 1000
         self.holdings: dict[str, set[str]] = {}
+        self.held: asyncio.Event | None = None
 
     async def eval(self, script: str, numkeys: int, key: str, *args: Any) -> Any:
         self.calls += 1
+        if self.held is not None:
+            await self.held.wait()
         if self.fail is not None:
             raise self.fail
         if "ZADD" in script and "ADMIT" not in script and "dropping" not in script:
@@ -147,9 +151,9 @@ class Store:
         want = int(args[2])
         n = min(want, self.room - self.granted.get(key, 0))
         if n <= 0:
-            return [0, 250_000]
+            return [0, 250_000, 0]
         self.granted[key] = self.granted.get(key, 0) + n
-        return [n, 0]
+        return [n, 0, self.room - self.granted[key]]
 
 
 class Clock:
@@ -204,6 +208,145 @@ def test_a_flows_answer_round_after_its_user_thought_finds_the_lease_its_asking_
     asyncio.run(run())
 
 
+def test_a_spent_lease_s_successor_is_taken_while_the_round_runs_and_found_by_the_next() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(rounds=Rate(50, 100)), store, clock)
+
+    async def run() -> None:
+        for _ in range(5):  # a lease of 5
+            assert await lim.round("p") is None
+        assert store.calls == 1 and lim.leases_on_their_way == 1
+        await asyncio.sleep(0)  # the round that spent it goes on; the next lease comes in
+        assert store.calls == 2 and lim.leases_on_their_way == 0
+        store.held = asyncio.Event()  # Redis would now make a round wait
+        for _ in range(4):
+            assert await lim.round("p") is None
+        assert store.calls == 2, "the next lease's rounds are answered from memory"
+        store.held.set()
+
+    asyncio.run(run())
+
+
+def test_rounds_that_find_the_next_lease_on_its_way_wait_for_it_and_share_it() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(rounds=Rate(50, 100)), store, clock)
+
+    async def run() -> None:
+        for _ in range(5):
+            assert await lim.round("p") is None
+        store.held = asyncio.Event()
+        await asyncio.sleep(0)  # the next lease asked for: Redis holds its answer
+        waiting = [asyncio.ensure_future(lim.round("p")) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert not any(w.done() for w in waiting)
+        store.held.set()
+        assert await asyncio.gather(*waiting) == [None, None, None]
+        assert store.calls == 2, "the three rounds took one lease between them"
+        assert await lim.round("p") is None and await lim.round("p") is None
+        await asyncio.sleep(0)
+        assert store.calls == 3, "and once they spent it, the next was asked for"
+
+    asyncio.run(run())
+
+
+def test_a_lease_is_taken_ahead_only_while_the_bucket_has_one_to_spare() -> None:
+    """Near its limit a principal's leases are taken as its rounds come, so none sits ahead
+    on one replica while the bucket is empty for another; a lease ahead that the bucket
+    refuses holds its refusal in memory."""
+    store, clock = Store(), Clock()
+    store.room = 10
+    lim = limiter(LimitRules(rounds=Rate(50, 100)), store, clock)
+
+    async def run() -> None:
+        for _ in range(5):  # a lease of 5, 5 left: the next is taken ahead
+            assert await lim.round("p") is None
+        await asyncio.sleep(0)
+        assert store.calls == 2
+        for _ in range(5):  # that lease left nothing: none ahead
+            assert await lim.round("p") is None
+        await asyncio.sleep(0)
+        assert store.calls == 2 and lim.leases_on_their_way == 0
+        refusal = await lim.round("p")  # asks Redis itself: refused
+        assert refusal is not None and refusal.retry_seconds == 1 and store.calls == 3
+        assert await lim.round("p") is not None and store.calls == 3, "refused from memory"
+        clock.now += 0.3
+        store.room = 1000
+        for _ in range(5):
+            assert await lim.round("p") is None
+        store.room = sum(store.granted.values())  # drained by another replica
+        await asyncio.sleep(0)  # the lease ahead: refused
+        assert store.calls == 5
+        assert await lim.round("p") is not None and store.calls == 5, "refused from memory"
+
+    asyncio.run(run())
+
+
+def test_a_lease_of_one_round_is_never_taken_ahead() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(rounds=Rate(10, 100)), store, clock)  # a tenth of 10/s: one
+
+    async def run() -> None:
+        for calls in range(1, 4):
+            assert await lim.round("p") is None
+            await asyncio.sleep(0)
+            assert store.calls == calls and lim.leases_on_their_way == 0
+
+    asyncio.run(run())
+
+
+def test_a_stalled_redis_under_the_next_lease_costs_one_deadline_then_the_local_bucket() -> None:
+    store, clock = Store(), Clock()
+    failures: list[str] = []
+
+    class Observer:
+        def limited(self, limit: str, tool: str) -> None: ...
+
+        def failed(self, limit: str) -> None:
+            failures.append(limit)
+
+    lim = Limiter(
+        LimitRules(rounds=Rate(50, 100)),
+        RedisKeys("t"),
+        observer=Observer(),
+        deadline=0.05,
+        clock=clock,
+    )
+    lim.attach(store)
+
+    async def run() -> None:
+        for _ in range(4):
+            assert await lim.round("p") is None
+        store.held = asyncio.Event()  # stalled: never answers
+        assert await lim.round("p") is None  # spends the lease; the next is asked for
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await lim.round("p") is None  # waits for it: the deadline, then local
+        assert 0.04 <= loop.time() - started < 1.0
+        assert failures == ["rounds"]
+        calls = store.calls
+        for _ in range(2):  # Redis left alone: the local bucket answers at once
+            assert await lim.round("p") is None
+        assert store.calls == calls and failures == ["rounds"]
+
+    asyncio.run(run())
+
+
+def test_leases_on_their_way_are_given_up_when_the_limiter_closes() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(rounds=Rate(50, 100)), store, clock)
+
+    async def run() -> None:
+        for _ in range(5):  # a lease of 5, spent: the next asked for
+            assert await lim.round("p") is None
+        store.held = asyncio.Event()
+        await asyncio.sleep(0)
+        assert lim.leases_on_their_way == 1
+        await lim.aclose()
+        assert lim.leases_on_their_way == 0
+
+    asyncio.run(run())
+
+
 class Bucket:
     """The TAKE script's GCRA (mcpfleet.limits._store), on the test's clock."""
 
@@ -217,10 +360,10 @@ class Bucket:
         tat = max(self.tat.get(key, 0.0), now)
         room = int((now + burst * interval - tat) // interval)
         if room < 1:
-            return [0, int(tat + interval - burst * interval - now)]
+            return [0, int(tat + interval - burst * interval - now), 0]
         n = min(room, want)
         self.tat[key] = tat + n * interval
-        return [n, 0]
+        return [n, 0, room - n]
 
 
 def test_leases_however_long_they_live_never_let_a_principal_past_its_bucket_and_a_lease_each() -> (
@@ -397,3 +540,78 @@ def test_the_listen_limit_is_read_from_the_file_and_per_principal() -> None:
     assert rules.listen_for("p1") == 40 and rules.listen_for("p2") == 4 and rules.any
     with pytest.raises(RulesError, match="listen: must be a whole number"):
         parse_rules({"listen": 1.5}, BASE)
+
+
+# --- the replica's gate: who a round counts against, and the round from the lease ------
+
+
+def test_the_gate_counts_each_round_against_principal_of_its_request_remembered_or_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Peers, forwarded chains and tokens in turn, past the gate's memory of addresses:
+    every round is counted against what :func:`principal_of` makes of it."""
+    from mcp.server.auth.provider import AccessToken
+
+    from mcpfleet.limits import CURRENT_PRINCIPAL
+    from mcpfleet.replica import limitgate
+
+    monkeypatch.setattr(limitgate, "MAX_ADDRESS_PRINCIPALS", 4)
+    seen: list[str | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(CURRENT_PRINCIPAL.get())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    store, clock = Store(), Clock()
+    gate = limitgate.LimitGate(app, limiter(LimitRules(rounds=Rate(1000, 2000)), store, clock))
+
+    class User:
+        def __init__(self, subject: str) -> None:
+            self.access_token = AccessToken(token="t", client_id="c", scopes=[], subject=subject)
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {}})
+    requests: list[dict[str, Any]] = []
+    for i in range(12):
+        headers = [(b"x-forwarded-for", f"203.0.113.{i % 5}, 10.0.0.{i % 3}".encode())]
+        if i % 4 == 0:
+            headers.append((b"x-forwarded-for", b"198.51.100.7"))
+        scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers}
+        scope["client"] = (f"10.1.0.{i % 2}", 4000)
+        if i % 6 == 5:
+            scope["user"] = User(f"user-{i}")
+        requests.append(scope)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": body.encode(), "more_body": False}
+
+    async def send(message: Any) -> None: ...
+
+    async def run() -> None:
+        for scope in requests * 2:
+            await gate(scope, receive, send)
+
+    asyncio.run(run())
+    assert seen == [principal_of(scope, 1) for scope in requests * 2]
+    assert len(set(seen)) > 5 and len(gate._principals) <= 4
+
+
+def test_a_round_from_the_lease_is_taken_without_a_coroutine_and_round_decides_the_rest() -> None:
+    store, clock = Store(), Clock()
+    lim = limiter(LimitRules(rounds=Rate(50, 100)), store, clock)
+    assert lim.round_from_lease("p") is False, "no lease held yet"
+
+    async def run() -> None:
+        assert await lim.round("p") is None  # a lease of 5, one round of it taken
+        assert [lim.round_from_lease("p") for _ in range(4)] == [True] * 4
+        assert lim.round_from_lease("p") is False, "spent: the next is on its way"
+        await asyncio.sleep(0)
+        assert lim.round_from_lease("p") is True and store.calls == 2
+        clock.now += LEASE_LIFE
+        assert lim.round_from_lease("p") is False, "lapsed"
+
+    asyncio.run(run())
+    lim.set_rules(LimitRules(rounds=Rate(50, 100), tools={"slow": Rate(1, 1)}))
+    assert lim.round_from_lease("p") is False, "rates per tool: round decides"
+    lim.set_rules(LimitRules(rounds=Rate(0, 0)))
+    assert lim.round_from_lease("p") is True, "no rate"

@@ -5,14 +5,21 @@ another session?". It holds the rules in force (swapped whole on a reload) and:
 
 * **rounds**: a lease of a few requests' worth taken at once from the
   principal's fleet-wide bucket in Redis (:class:`~mcpfleet.limits._store.RateStore`),
-  answered from memory until it is spent or :data:`LEASE_LIFE` passes. A
+  answered from memory until it is spent or :data:`LEASE_LIFE` passes. The
+  round that spends a lease asks Redis for the next one and goes on without
+  waiting for it, so a principal under its rate waits on Redis for its first
+  round on a replica only (and after a lease lapsed); a round that comes while
+  the next lease is on its way waits for that one (at most the deadline). A
   refused principal is refused from memory until its retry time: a flood costs
   Redis one call per refusal window, not one per request. A lease is taken out
   of the bucket: a principal never gets more than its rate fleet-wide, and
-  gets less only by what a replica's unspent lease loses when it expires. In
-  any window the rounds allowed are at most what the bucket allows in it plus
-  the leases the replicas hold when it starts (a tenth of a second of the rate
-  each, :func:`batch_of`), whatever :data:`LEASE_LIFE` is;
+  gets less only by what a replica's unspent lease loses when it expires (a
+  lease taken ahead for a principal that does not come back is lost so). A
+  replica holds one lease of a principal at a time: the next is asked for only
+  once the last is spent. In any window the rounds allowed are at most what
+  the bucket allows in it plus the leases the replicas hold when it starts (a
+  tenth of a second of the rate each, :func:`batch_of`), whatever
+  :data:`LEASE_LIFE` is;
 * **listen streams**: a place like a session's, held for the stream's whole
   life (:meth:`Limiter.admit_listen`, given back by :meth:`Limiter.release_listen`,
   renewed with the sessions' places);
@@ -27,7 +34,11 @@ principal gets at most the rate per replica while Redis is away), sessions to
 this replica's own count of the principal's sessions against the same cap (the
 replicas' session caps still bound the fleet). After a failure Redis is left
 alone for :data:`REDIS_BACKOFF` seconds, so a stalled Redis costs one deadline,
-not one per request. Each fallback is counted (``observer.failed``).
+not one per request. Each fallback is counted (``observer.failed``). A lease
+asked for ahead while Redis stalls is waited for by the principal's rounds that
+come before it is given up (one deadline after it was asked for); the command
+was sent, so Redis takes that lease out of the bucket when it resumes, and it
+is lost.
 """
 
 from __future__ import annotations
@@ -76,12 +87,26 @@ class LimitObserver(Protocol):
 
 
 class _Lease:
-    __slots__ = ("refused_until", "tokens", "until")
+    __slots__ = ("ahead", "next", "refused_until", "tokens", "until")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.until = 0.0
         self.refused_until = 0.0
+        #: Whether the next lease is taken ahead, once this one is spent: a lease of
+        #: more than one round, after which the bucket held another whole lease.
+        self.ahead = False
+        #: The next lease, being taken from Redis (:meth:`Limiter._spend`), or None.
+        self.next: asyncio.Task[None] | None = None
+
+    def fill(self, granted: int, wait: float, left: int, batch: int, now: float) -> None:
+        """What Redis (or the local bucket) granted: ``granted`` rounds, or a refusal
+        for ``wait`` seconds; ``left`` rounds were still in the bucket after it."""
+        if granted:
+            self.tokens, self.until, self.refused_until = granted, now + LEASE_LIFE, 0.0
+            self.ahead = batch > 1 and left >= batch
+        else:
+            self.tokens, self.refused_until, self.ahead = 0, now + wait, False
 
 
 def batch_of(rate: Rate) -> int:
@@ -128,6 +153,8 @@ class Limiter:
         self.rates: RateStore | None = None
         self.caps: CapStore | None = None
         self._leases: dict[tuple[str, str], _Lease] = {}
+        #: Leases being taken from Redis: held here until they end.
+        self._taking: set[asyncio.Task[None]] = set()
         self._local = _LocalBuckets()
         self._redis_back = 0.0
         #: Sessions opened here with a limit on: session id -> principal.
@@ -158,6 +185,26 @@ class Limiter:
 
     # -- rounds ------------------------------------------------------------------
 
+    def round_from_lease(self, principal: str) -> bool:
+        """Whether a round of ``principal`` is allowed now from what this replica holds:
+        its rate unlimited, or a round of the lease held here (taken). False says only
+        that :meth:`round` must decide (no lease, a lapsed or spent one, a refusal held,
+        or rates per tool in force). No I/O: the common round's check without a
+        coroutine."""
+        if self.rules.tools:
+            return False
+        rate = self.rules.rounds_for(principal)
+        if rate.unlimited:
+            return True
+        lease = self._leases.get((principal, ""))
+        if lease is None or lease.tokens <= 0:
+            return False
+        now = self.clock()
+        if lease.until <= now:
+            return False
+        self._spend(lease, principal, "", rate, now)
+        return True
+
     async def round(self, principal: str, tool: str | None = None) -> Refusal | None:
         """None if ``principal`` may send a round (of ``tool``) now, else the refusal."""
         rate = self.rules.rounds_for(principal)
@@ -176,26 +223,69 @@ class Limiter:
     async def _take(self, principal: str, bucket: str, rate: Rate) -> float | None:
         now = self.clock()
         lease = self._leases.get((principal, bucket))
-        if lease is not None:
-            if lease.tokens > 0 and lease.until > now:
-                lease.tokens -= 1
-                return None
-            if lease.refused_until > now:
-                return lease.refused_until - now
-        else:
+        if lease is None:
             if len(self._leases) >= MAX_ENTRIES:
                 self._prune(now)
             lease = self._leases[(principal, bucket)] = _Lease()
-        granted, wait = await self._take_fleet(principal, bucket, rate, now)
-        if granted:
-            lease.tokens, lease.until, lease.refused_until = granted - 1, now + LEASE_LIFE, 0.0
+        elif lease.next is not None:
+            # The next lease is on its way (asked for when the last was spent).
+            await asyncio.shield(lease.next)
+            now = self.clock()
+        if lease.tokens > 0 and lease.until > now:
+            self._spend(lease, principal, bucket, rate, now)
             return None
-        lease.tokens, lease.refused_until = 0, now + wait
+        if lease.refused_until > now:
+            return lease.refused_until - now
+        granted, wait, left = await self._take_fleet(principal, bucket, rate, now)
+        lease.fill(granted, wait, left, batch_of(rate), now)
+        if granted:
+            self._spend(lease, principal, bucket, rate, now)
+            return None
         return wait
+
+    def _spend(self, lease: _Lease, principal: str, bucket: str, rate: Rate, now: float) -> None:
+        """One round of ``lease``; the lease spent, the next is asked of Redis while the
+        round runs, when the bucket had another lease to spare (and Redis answers, not
+        in a backoff). Near its limit a principal's leases are taken as its rounds come,
+        and a lease of one round (a rate under 20/s, or a burst under 4) never ahead: a
+        lease held ahead on a replica the principal's rounds no longer reach is lost to
+        it, and one round of a small bucket is a share that shows."""
+        lease.tokens -= 1
+        if lease.tokens or not lease.ahead or lease.next is not None:
+            return
+        if self.rates is None or now < self._redis_back:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._lease_into(lease, principal, bucket, rate)
+        )
+        lease.next = task
+        self._taking.add(task)
+        task.add_done_callback(self._taking.discard)
+
+    async def _lease_into(self, lease: _Lease, principal: str, bucket: str, rate: Rate) -> None:
+        """The next lease taken into ``lease`` (or its refusal, held until its time)."""
+        try:
+            granted, wait, left = await self._take_fleet(principal, bucket, rate, self.clock())
+            lease.fill(granted, wait, left, batch_of(rate), self.clock())
+        finally:
+            lease.next = None
+
+    @property
+    def leases_on_their_way(self) -> int:
+        """Leases being taken ahead from Redis now."""
+        return sum(not task.done() for task in self._taking)
+
+    async def aclose(self) -> None:
+        """Leases still being taken ahead are given up (at shutdown)."""
+        for task in self._taking:
+            task.cancel()
+        await asyncio.gather(*self._taking, return_exceptions=True)
 
     async def _take_fleet(
         self, principal: str, bucket: str, rate: Rate, now: float
-    ) -> tuple[int, float]:
+    ) -> tuple[int, float, int]:
+        """(rounds granted, seconds until one more when none was, rounds left in the
+        bucket after the grant: 0 from the local bucket, which is never taken ahead)."""
         name = f"rounds:{bucket}" if bucket else "rounds"
         if self.rates is not None and now >= self._redis_back:
             key = self.keys.limit(name, principal)
@@ -208,7 +298,7 @@ class Limiter:
             except Exception as e:  # an error of any driver, or the deadline
                 self._redis_failed("rounds", e)
         wait = self._local.take(f"{name}:{principal}", rate, now)
-        return (0, wait) if wait > 0 else (1, 0.0)
+        return (0, wait, 0) if wait > 0 else (1, 0.0, 0)
 
     def _prune(self, now: float) -> None:
         live = {k: v for k, v in self._leases.items() if v.until > now or v.refused_until > now}

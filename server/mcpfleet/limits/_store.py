@@ -18,7 +18,8 @@ from typing import Any, Final
 __all__ = ["ADMIT", "RENEW", "TAKE", "CapStore", "RateStore"]
 
 #: KEYS[1] the bucket; ARGV the emission interval (us), the burst, the requests
-#: wanted. Returns {granted, us until one more is allowed (when none was granted)}.
+#: wanted. Returns {granted, us until one more is allowed (when none was granted),
+#: requests the bucket still had room for after the grant}.
 TAKE: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -28,12 +29,12 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat < now then tat = now end
 local room = math.floor((now + burst * interval - tat) / interval)
 if room < 1 then
-  return {0, tat + interval - burst * interval - now}
+  return {0, tat + interval - burst * interval - now, 0}
 end
 local n = math.min(room, tonumber(ARGV[3]))
 tat = tat + n * interval
 redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
-return {n, 0}
+return {n, 0, room - n}
 """
 
 #: KEYS[1] the holdings; ARGV the cap, the member, its lease (ms). Returns 0 when
@@ -81,12 +82,13 @@ class RateStore:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    async def take(self, key: str, rate: float, burst: int, want: int) -> tuple[int, float]:
-        """Take up to ``want`` requests' worth from ``key``: (granted, seconds until one more)."""
+    async def take(self, key: str, rate: float, burst: int, want: int) -> tuple[int, float, int]:
+        """Take up to ``want`` requests' worth from ``key``: (granted, seconds until one
+        more, requests still in the bucket after the grant)."""
         interval = max(1, round(1_000_000 / rate))
         reply = await self.client.eval(TAKE, 1, key, interval, burst, want)
-        granted, wait_us = int(reply[0]), int(reply[1])
-        return granted, wait_us / 1_000_000
+        granted, wait_us, left = int(reply[0]), int(reply[1]), int(reply[2])
+        return granted, wait_us / 1_000_000, left
 
 
 class CapStore:

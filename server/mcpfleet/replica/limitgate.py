@@ -54,7 +54,7 @@ from mcpfleet.limits import (
     principal_of,
 )
 
-__all__ = ["MAX_TOOL_LABELS", "LimitGate", "RefusedCredentials"]
+__all__ = ["MAX_ADDRESS_PRINCIPALS", "MAX_TOOL_LABELS", "LimitGate", "RefusedCredentials"]
 
 _AUTHORIZATION: Final = b"authorization"
 _REFUSED: Final = REFUSED_HEADER.lower().encode()
@@ -65,6 +65,9 @@ _MODERN: Final = frozenset(v.encode() for v in MODERN_PROTOCOL_VERSIONS)
 _PATHS: Final = frozenset({MCP_PATH, MCP_PATH + "/"})
 #: Distinct tool names the ``tool`` label takes; past them, ``other``.
 MAX_TOOL_LABELS: Final = 100
+#: Unauthenticated principals a gate remembers (then it forgets them all and starts over).
+MAX_ADDRESS_PRINCIPALS: Final = 10_000
+_XFF: Final = b"x-forwarded-for"
 
 
 class LimitGate:
@@ -85,6 +88,8 @@ class LimitGate:
         self.trusted_hops = trusted_hops
         self.anonymous: Literal["address", "shared"] = anonymous
         self._labels = _ToolLabels()
+        #: Unauthenticated principals by (peer, ``X-Forwarded-For`` values).
+        self._principals: dict[tuple[str, tuple[bytes, ...]], str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.limiter.rules.any or scope["path"] not in _PATHS:
@@ -94,10 +99,10 @@ class LimitGate:
         if method not in ("POST", "DELETE"):
             await self.app(scope, receive, send)
             return
-        principal = principal_of(scope, self.trusted_hops, self.anonymous)
+        session, modern, forwarded = _read_headers(scope)
+        principal = self._principal(scope, forwarded)
         token = CURRENT_PRINCIPAL.set(principal)
         try:
-            session, modern = _session_and_era(scope)
             if method == "DELETE":
                 await self._delete(scope, receive, send, session)
                 return
@@ -107,10 +112,11 @@ class LimitGate:
             elif session is None and not modern and is_initialize(body):
                 await self._initialize(scope, replay, send, principal, body)
             elif is_request(body):
-                refusal = await self.limiter.round(principal, self._tool(body))
-                if refusal is not None:
-                    await self._refuse(scope, send, refusal, body)
-                    return
+                if not self.limiter.round_from_lease(principal):
+                    refusal = await self.limiter.round(principal, self._tool(body))
+                    if refusal is not None:
+                        await self._refuse(scope, send, refusal, body)
+                        return
                 if (
                     may_name(body, b"subscriptions/listen")
                     and method_of(body) == "subscriptions/listen"
@@ -136,6 +142,21 @@ class LimitGate:
         finally:
             if place is not None:
                 await self.limiter.release_listen(place)
+
+    def _principal(self, scope: Scope, forwarded: tuple[bytes, ...]) -> str:
+        """:func:`principal_of` the request; an unauthenticated one's remembered by its
+        peer and ``X-Forwarded-For`` values, which are all it is made of."""
+        if self.anonymous != "address" or getattr(scope.get("user"), "access_token", None):
+            return principal_of(scope, self.trusted_hops, self.anonymous)
+        client = scope.get("client")
+        key = (client[0] if client else "", forwarded)
+        principal = self._principals.get(key)
+        if principal is None:
+            if len(self._principals) >= MAX_ADDRESS_PRINCIPALS:
+                self._principals.clear()
+            principal = principal_of(scope, self.trusted_hops, self.anonymous)
+            self._principals[key] = principal
+        return principal
 
     def _tool(self, body: bytes) -> str | None:
         """The tool a ``tools/call`` names, when a tool has a rate of its own."""
@@ -294,15 +315,20 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def _session_and_era(scope: Scope) -> tuple[str | None, bool]:
+def _read_headers(scope: Scope) -> tuple[str | None, bool, tuple[bytes, ...]]:
+    """The session id, whether the request is modern, and the ``X-Forwarded-For`` values,
+    in one pass over the headers."""
     session: str | None = None
     modern = False
+    forwarded: tuple[bytes, ...] = ()
     for key, value in scope["headers"]:
         if key == _SESSION:
             session = value.decode("latin-1")
         elif key == _VERSION:
             modern = value in _MODERN
-    return session, modern
+        elif key == _XFF:
+            forwarded += (bytes(value),)
+    return session, modern, forwarded
 
 
 async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:

@@ -289,6 +289,7 @@ class Replica:
             self.sessions.close()
             if self.event_store is not None:
                 self.event_store.detach()
+            await self.limiter.aclose()
             if direct is not None:
                 await direct.aclose()
             if client is not None and self.publisher is not None:
