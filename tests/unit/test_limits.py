@@ -156,6 +156,18 @@ class Store:
         return [n, 0, self.room - self.granted[key]]
 
 
+class Fallbacks:
+    """An observer of the limiter that keeps the limits whose checks fell back to memory."""
+
+    def __init__(self, failures: list[str]) -> None:
+        self.failures = failures
+
+    def limited(self, limit: str, tool: str) -> None: ...
+
+    def failed(self, limit: str) -> None:
+        self.failures.append(limit)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -297,17 +309,12 @@ def test_a_lease_of_one_round_is_never_taken_ahead() -> None:
 def test_a_stalled_redis_under_the_next_lease_costs_one_deadline_then_the_local_bucket() -> None:
     store, clock = Store(), Clock()
     failures: list[str] = []
-
-    class Observer:
-        def limited(self, limit: str, tool: str) -> None: ...
-
-        def failed(self, limit: str) -> None:
-            failures.append(limit)
+    observer = Fallbacks(failures)
 
     lim = Limiter(
         LimitRules(rounds=Rate(50, 100)),
         RedisKeys("t"),
-        observer=Observer(),
+        observer=observer,
         deadline=0.05,
         clock=clock,
     )
@@ -408,14 +415,9 @@ def test_leases_however_long_they_live_never_let_a_principal_past_its_bucket_and
 def test_redis_failing_falls_back_to_a_local_bucket_and_leaves_redis_alone_a_while() -> None:
     store, clock = Store(), Clock()
     failures: list[str] = []
+    observer = Fallbacks(failures)
 
-    class Observer:
-        def limited(self, limit: str, tool: str) -> None: ...
-
-        def failed(self, limit: str) -> None:
-            failures.append(limit)
-
-    lim = Limiter(LimitRules(rounds=Rate(1, 3)), RedisKeys("t"), observer=Observer(), clock=clock)
+    lim = Limiter(LimitRules(rounds=Rate(1, 3)), RedisKeys("t"), observer=observer, clock=clock)
     lim.attach(store)
     store.fail = ConnectionError("down")
 
