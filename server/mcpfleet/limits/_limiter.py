@@ -7,9 +7,11 @@ another session?". It holds the rules in force (swapped whole on a reload) and:
   principal's fleet-wide bucket in Redis (:class:`~mcpfleet.limits._store.RateStore`),
   answered from memory until it is spent or :data:`LEASE_LIFE` passes. The
   round that spends a lease asks Redis for the next one and goes on without
-  waiting for it, so a principal under its rate waits on Redis for its first
-  round on a replica only (and after a lease lapsed); a round that comes while
-  the next lease is on its way waits for that one (at most the deadline). A
+  waiting for it (while the bucket held another whole lease, and a lease is
+  more than one round: :meth:`Limiter._spend`), so a principal well under its
+  rate waits on Redis for its first round on a replica only (and after a lease
+  lapsed); a round that comes while the next lease is on its way waits for that
+  one (at most the deadline). A
   refused principal is refused from memory until its retry time: a flood costs
   Redis one call per refusal window, not one per request. A lease is taken out
   of the bucket: a principal never gets more than its rate fleet-wide, and
