@@ -22,7 +22,6 @@ Run by hand::
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import ctypes
 import http.client
@@ -169,7 +168,15 @@ def write_kubeconfig(
     name: str = "fleetkit",
     namespace: str | None = None,
 ) -> Path:
-    """A self-contained kubeconfig (credentials inline): kubectl, helm and clients read it."""
+    """A kubeconfig that kubectl, helm and clients read; the CA beside it in a file.
+
+    Files, not inline data: the kubernetes Python client copies inline data into a
+    temporary file it removes at exit, which a process the tests SIGKILL never
+    reaches, so each such process left one in the system's temporary directory.
+    """
+    ca_file = path.with_name(path.name + ".ca.crt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ca_file.write_bytes(ca_pem)
     context: dict[str, str] = {"cluster": name, "user": name}
     if namespace:
         context["namespace"] = namespace
@@ -181,7 +188,7 @@ def write_kubeconfig(
                 "name": name,
                 "cluster": {
                     "server": server,
-                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                    "certificate-authority": str(ca_file),
                 },
             }
         ],
@@ -511,10 +518,8 @@ class ControlPlane:
             server=self.server,
             ca_pem=(pki / "ca.crt").read_bytes(),
             user={
-                "client-certificate-data": base64.b64encode(
-                    (pki / f"{stem}.crt").read_bytes()
-                ).decode(),
-                "client-key-data": base64.b64encode((pki / f"{stem}.key").read_bytes()).decode(),
+                "client-certificate": str(pki / f"{stem}.crt"),
+                "client-key": str(pki / f"{stem}.key"),
             },
         )
 
