@@ -21,7 +21,13 @@ from mcpfleet.limits._limiter import (
     Limiter,
     LimitObserver,
 )
-from mcpfleet.limits._principal import SHARED, address_of, principal_digest, principal_of
+from mcpfleet.limits._principal import (
+    FORWARDED_FOR,
+    SHARED,
+    address_of,
+    principal_digest,
+    principal_of,
+)
 from mcpfleet.limits._refusals import (
     MAX_REMEMBERED,
     REFUSED_HEADER,
@@ -48,6 +54,7 @@ from mcpfleet.limits._watch import POLL_INTERVAL, RulesWatcher
 
 __all__ = [
     "CURRENT_PRINCIPAL",
+    "FORWARDED_FOR",
     "LEASE_LIFE",
     "LIMIT_NAMES",
     "MAX_REMEMBERED",

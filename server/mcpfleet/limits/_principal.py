@@ -21,12 +21,14 @@ from typing import Final, Literal
 
 from starlette.types import Scope
 
-__all__ = ["SHARED", "address_of", "principal_digest", "principal_of"]
+__all__ = ["FORWARDED_FOR", "SHARED", "address_of", "principal_digest", "principal_of"]
 
 #: The one principal of every unauthenticated request under ``anonymous="shared"``.
 SHARED: Final = "shared"
 
-_XFF: Final = b"x-forwarded-for"
+#: The header proxies append the address they received a request from to (lower-case,
+#: as ASGI names headers).
+FORWARDED_FOR: Final = b"x-forwarded-for"
 
 
 def principal_digest(scope: Scope) -> str | None:
@@ -57,7 +59,7 @@ def address_of(scope: Scope, trusted_hops: int) -> str:
         return peer
     chain: list[str] = []
     for key, value in scope.get("headers", ()):
-        if key == _XFF:
+        if key == FORWARDED_FOR:
             chain.extend(part.strip() for part in value.decode("latin-1").split(","))
     chain.append(peer)
     index = len(chain) - 1 - trusted_hops

@@ -45,6 +45,7 @@ from mcpfleet.contract import MCP_PATH, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from mcpfleet.jsonbody import is_initialize, is_request, load, may_name, method_of
 from mcpfleet.limits import (
     CURRENT_PRINCIPAL,
+    FORWARDED_FOR,
     REFUSED_HEADER,
     Limiter,
     LimitObserver,
@@ -67,7 +68,6 @@ _PATHS: Final = frozenset({MCP_PATH, MCP_PATH + "/"})
 MAX_TOOL_LABELS: Final = 100
 #: Unauthenticated principals a gate remembers (then it forgets them all and starts over).
 MAX_ADDRESS_PRINCIPALS: Final = 10_000
-_XFF: Final = b"x-forwarded-for"
 
 
 class LimitGate:
@@ -326,7 +326,7 @@ def _read_headers(scope: Scope) -> tuple[str | None, bool, tuple[bytes, ...]]:
             session = value.decode("latin-1")
         elif key == _VERSION:
             modern = value in _MODERN
-        elif key == _XFF:
+        elif key == FORWARDED_FOR:
             forwarded += (bytes(value),)
     return session, modern, forwarded
 

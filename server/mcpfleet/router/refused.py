@@ -26,6 +26,7 @@ from __future__ import annotations
 from mcpfleet.answers import ErrorCode, jsonrpc_error
 from mcpfleet.jsonbody import is_request, load
 from mcpfleet.limits import (
+    FORWARDED_FOR,
     REFUSED_HEADER,
     Held,
     RefusalMemory,
@@ -37,8 +38,6 @@ from mcpfleet.router.exchange import Exchange, respond
 from mcpfleet.router.h1client import Response
 
 __all__ = ["RefusedCredentials"]
-
-_XFF = b"x-forwarded-for"
 
 
 class RefusedCredentials:
@@ -93,7 +92,7 @@ async def refuse(x: Exchange, held: Held) -> None:
 
 
 def _address_key(x: Exchange, authorization: bytes) -> bytes:
-    forwarded = b",".join(v for k, v in x.scope["headers"] if k.lower() == _XFF)
+    forwarded = b",".join(v for k, v in x.scope["headers"] if k.lower() == FORWARDED_FOR)
     client = x.scope.get("client")
     peer = str(client[0]).encode("latin-1") if client else b""
     return address_key(authorization, forwarded, peer)
