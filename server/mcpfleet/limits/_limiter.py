@@ -101,6 +101,10 @@ class _Lease:
         #: The next lease, being taken from Redis (:meth:`Limiter._spend`), or None.
         self.next: asyncio.Task[None] | None = None
 
+    def usable(self, now: float) -> bool:
+        """Whether a round may be taken from this lease at ``now``."""
+        return self.tokens > 0 and self.until > now
+
     def fill(self, granted: int, wait: float, left: int, batch: int, now: float) -> None:
         """What Redis (or the local bucket) granted: ``granted`` rounds, or a refusal
         for ``wait`` seconds; ``left`` rounds were still in the bucket after it."""
@@ -199,10 +203,8 @@ class Limiter:
         if rate.unlimited:
             return True
         lease = self._leases.get((principal, ""))
-        if lease is None or lease.tokens <= 0:
-            return False
         now = self.clock()
-        if lease.until <= now:
+        if lease is None or not lease.usable(now):
             return False
         self._spend(lease, principal, "", rate, now)
         return True
@@ -233,7 +235,7 @@ class Limiter:
             # The next lease is on its way (asked for when the last was spent).
             await asyncio.shield(lease.next)
             now = self.clock()
-        if lease.tokens > 0 and lease.until > now:
+        if lease.usable(now):
             self._spend(lease, principal, bucket, rate, now)
             return None
         if lease.refused_until > now:
