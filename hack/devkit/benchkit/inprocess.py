@@ -13,7 +13,12 @@ their own code:
   limits per principal on, notifications on), on the Redis ``--redis`` names,
   which the caller starts. Every app's flows come from
   :data:`benchkit.roundcost.USER_PRINCIPALS` client addresses in turn, as in
-  ``make bench``.
+  ``make bench``;
+* ``replica-gate``: the same, but its rounds limited at 2000/s with a burst of
+  4000 (the ``limits on`` row of ``make bench``): a lease holds 200 rounds, so a
+  round pays the limits gate and nearly never a Redis call. Beside ``replica``
+  and ``replica-user`` it splits what the limits cost a round as a user gets
+  them into the gate's share and the share of the lease's Redis call.
 
 Two ways to count, both printed per flow (one asking and one answer round):
 
@@ -51,11 +56,18 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from benchkit.roundapp import TOOL, plain
-from benchkit.roundcost import HEADERS, USER_PRINCIPALS, _body
+from benchkit.roundcost import HEADERS, LIMITS_ARGS, REPLICA_LIMITS, USER_PRINCIPALS, _body
 
 APPS = ("plain", "replica", "replica-app")
 #: Apps that need ``--redis``.
-REDIS_APPS = ("replica-user",)
+REDIS_APPS = ("replica-user", "replica-gate")
+#: The ``replica-gate`` app's rounds limit: ``make bench``'s ``limits on`` (a lease of 200 rounds).
+_GATE_ARGS = LIMITS_ARGS[REPLICA_LIMITS]
+_GATE_FLAGS = dict(zip(_GATE_ARGS[::2], _GATE_ARGS[1::2], strict=True))
+GATE_LIMITS: dict[str, Any] = {
+    "limit_rounds": float(_GATE_FLAGS["--limit-rounds"]),
+    "limit_burst": int(_GATE_FLAGS["--limit-burst"]),
+}
 ADDRESSES = [f"10.0.{i // 250}.{i % 250 + 1}".encode() for i in range(USER_PRINCIPALS)]
 _sent = 0
 
@@ -83,6 +95,8 @@ def build(which: str, stretch: float = 1.0, redis_url: str | None = None) -> ASG
     )
     if not user:
         config = dataclasses.replace(config, limit_sessions=0, limit_rounds=0, limit_listen=0)
+    elif which == "replica-gate":
+        config = dataclasses.replace(config, **GATE_LIMITS)
     replica = Replica(config, KeyRing.generate())
     # The watch's delay stretched as the clock is (a Final constant: set from outside).
     setattr(respmode, "WATCH_AFTER", respmode.WATCH_AFTER * stretch)  # noqa: B010
