@@ -52,11 +52,17 @@ test-tasks: venv-tasks deps tools conformance-tasks-suite ## the MCP tasks tests
 # set runs on a schedule (.github/workflows/latest.yaml). docs/testing.md says why.
 LATEST_VENV := .venv-latest
 LATEST_TIERS ?= unit or packaging
-venv-latest: ## .venv-latest: every dependency at the newest version pyproject.toml's bounds allow, resolved again each time
-	test -x $(LATEST_VENV)/bin/python || bash hack/venv.sh $(PYTHON) $(LATEST_VENV)
+# The interpreter too: the newest CPython here that requires-python allows
+# (hack/newest-python.sh; PYTHON where none newer runs). The locked .venv keeps
+# PYTHON, the image's Python.
+LATEST_PYTHON ?= $(shell bash hack/newest-python.sh $(PYTHON))
+venv-latest: ## .venv-latest: every dependency at the newest version pyproject.toml's bounds allow, resolved again each time, on the newest Python here (LATEST_PYTHON)
+	@want="$$($(LATEST_PYTHON) -c 'import sys; print(sys.version)')"; \
+	  have="$$($(LATEST_VENV)/bin/python -c 'import sys; print(sys.version)' 2>/dev/null || true)"; \
+	  if [ "$$want" != "$$have" ]; then rm -rf $(LATEST_VENV); bash hack/venv.sh $(LATEST_PYTHON) $(LATEST_VENV); fi
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]' -e ./server
-	@echo "newest within the bounds:" $$($(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(fastmcp|mcp|redis|uvicorn|starlette|pydantic|aiohttp|cryptography|prometheus[-_]client|opentelemetry-sdk|kopf)==')
+	@echo "newest within the bounds: python==$$($(LATEST_VENV)/bin/python -c 'import platform; print(platform.python_version())')" $$($(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(fastmcp|mcp|redis|uvicorn|starlette|pydantic|aiohttp|cryptography|prometheus[-_]client|opentelemetry-sdk|kopf)==')
 
 test-latest: venv-latest $(if $(filter fleet faults,$(LATEST_TIERS)),deps bench-deps) ## LATEST_TIERS (default "unit or packaging"; "fleet" for the fleet tier) on the newest dependencies the bounds allow, in .venv-latest
 	$(LATEST_VENV)/bin/python -m pytest tests -m "$(LATEST_TIERS)" $(DURATIONS)
