@@ -9,7 +9,7 @@ why, does not stop, and ``mcpfleet dev`` falls back to its embedded replica, whi
 answers both eras.
 
 The copy's venv is made beforehand (pip installing the locked set as that user
-would take minutes): this venv's own Python with the packages of this tree's venv
+would take minutes): this venv's own Python with the packages of the venv the tests run in
 on its path and the copy's own source first, its ``mcpfleet`` script as pip writes
 it, and its stamp newer than ``pyproject.toml``, so ``make`` takes it as made.
 Where that Python lives under a directory others cannot enter (pyenv's under
@@ -42,6 +42,9 @@ from mcpfleet.dev.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = 65534
+#: The venv these tests run in (.venv, or .venv-latest under make test-latest): its
+#: Python and its packages make the copy's venv.
+VENV = Path(sys.prefix)
 BASE = Path(sys.base_prefix)
 BASE_PYTHON = BASE / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 HIDDEN = ("redis-server", "redis-sentinel")
@@ -61,12 +64,14 @@ def _require() -> None:
     for tool in ("unshare", "setpriv", "make", "mount"):
         if shutil.which(tool) is None:
             _unable(f"{tool} is not installed")
+    if VENV == BASE:
+        _unable("the tests do not run in a venv (make venv, make test)")
     if not BASE_PYTHON.exists():
         _unable(f"this venv's Python is not at {BASE_PYTHON}")
 
 
 def _site_packages() -> Path:
-    (found,) = (ROOT / ".venv" / "lib").glob("python3.*/site-packages")
+    (found,) = (VENV / "lib").glob("python3.*/site-packages")
     return found
 
 
@@ -102,7 +107,7 @@ def _premade_venv(tree: Path) -> None:
     (site / "quickstart.pth").write_text(
         f"{tree / 'server'}\n{tree / 'operator'}\n{_shared_site(tree)}\n"
     )
-    script = (ROOT / ".venv" / "bin" / "mcpfleet").read_text().split("\n", 1)[1]
+    script = (VENV / "bin" / "mcpfleet").read_text().split("\n", 1)[1]
     (venv / "bin" / "mcpfleet").write_text(f"#!{venv / 'bin' / 'python'}\n{script}")
     (venv / "bin" / "mcpfleet").chmod(0o755)
     (venv / ".installed").touch()

@@ -79,6 +79,8 @@ def test_the_scheduled_workflow_runs_the_oldest_and_the_newest_pythons() -> None
     assert sorted(pythons, key=lambda v: tuple(map(int, v.split(".")))) == pythons
     runs = "\n".join(s.get("run", "") for s in job["steps"])
     assert "LATEST_PYTHON=python${{ matrix.python }}" in runs
+    # As root, as .ci/run runs: the fleet tier's Quickstart-as-a-user test needs it.
+    assert re.search(r'^sudo env "PATH=\$PATH" CI=true make test-latest ', runs, flags=re.M), runs
     (setup,) = [s for s in job["steps"] if "setup-python" in s.get("uses", "")]
     assert setup["with"]["python-version"] == "${{ matrix.python }}"
 
