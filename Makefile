@@ -57,9 +57,10 @@ LATEST_TIERS ?= unit or packaging
 # PYTHON, the image's Python.
 LATEST_PYTHON ?= $(shell bash hack/newest-python.sh $(PYTHON))
 venv-latest: ## .venv-latest: every dependency at the newest version pyproject.toml's bounds allow, resolved again each time, on the newest Python here (LATEST_PYTHON)
-	@want="$$($(LATEST_PYTHON) -c 'import sys; print(sys.version)')"; \
+	@python="$(LATEST_PYTHON)"; \
+	  want="$$("$$python" -c 'import sys; print(sys.version)')"; \
 	  have="$$($(LATEST_VENV)/bin/python -c 'import sys; print(sys.version)' 2>/dev/null || true)"; \
-	  if [ "$$want" != "$$have" ]; then rm -rf $(LATEST_VENV); bash hack/venv.sh $(LATEST_PYTHON) $(LATEST_VENV); fi
+	  if [ "$$want" != "$$have" ]; then rm -rf $(LATEST_VENV); bash hack/venv.sh "$$python" $(LATEST_VENV); fi
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]' -e ./server
 	@echo "newest within the bounds: python==$$($(LATEST_VENV)/bin/python -c 'import platform; print(platform.python_version())')" $$($(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(fastmcp|mcp|redis|uvicorn|starlette|pydantic|aiohttp|cryptography|prometheus[-_]client|opentelemetry-sdk|kopf)==')
