@@ -151,9 +151,9 @@ class Store:
         want = int(args[2])
         n = min(want, self.room - self.granted.get(key, 0))
         if n <= 0:
-            return [0, 250_000, 0]
+            return b"0 250000 0"
         self.granted[key] = self.granted.get(key, 0) + n
-        return [n, 0, self.room - self.granted[key]]
+        return f"{n} 0 {self.room - self.granted[key]}".encode()
 
 
 class Fallbacks:
@@ -367,10 +367,10 @@ class Bucket:
         tat = max(self.tat.get(key, 0.0), now)
         room = int((now + burst * interval - tat) // interval)
         if room < 1:
-            return [0, int(tat + interval - burst * interval - now), 0]
+            return f"0 {int(tat + interval - burst * interval - now)} 0".encode()
         n = min(room, want)
         self.tat[key] = tat + n * interval
-        return [n, 0, room - n]
+        return f"{n} 0 {room - n}".encode()
 
 
 def test_leases_however_long_they_live_never_let_a_principal_past_its_bucket_and_a_lease_each() -> (
@@ -617,3 +617,116 @@ def test_a_round_from_the_lease_is_taken_without_a_coroutine_and_round_decides_t
     assert lim.round_from_lease("p") is False, "rates per tool: round decides"
     lim.set_rules(LimitRules(rounds=Rate(0, 0)))
     assert lim.round_from_lease("p") is True, "no rate"
+
+
+def test_the_gate_takes_the_body_the_response_mode_choice_left_and_reads_nothing() -> None:
+    """A body in the scope (:data:`mcpfleet.replica.respmode.BODY`) decides the round, and
+    the app behind gets the ``receive`` the gate was given, unread; without one the gate
+    reads the body itself and hands it on as it came."""
+    from mcpfleet.replica import limitgate
+    from mcpfleet.replica.respmode import BODY
+
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}
+    wire = json.dumps(request).encode()
+    passed: list[tuple[Any, bytes]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        read_before = len(reads)
+        message = await receive()
+        passed.append((receive, read_before, message.get("body", b"")))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    clock = Clock()
+    rules = LimitRules(rounds=Rate(1, 1))  # one round, then refused
+    lim = Limiter(rules, RedisKeys("t"), clock=clock)
+    lim.attach(Bucket(clock))
+    gate = limitgate.LimitGate(app, lim)
+    reads: list[bytes] = []
+
+    async def receive() -> Any:
+        reads.append(wire)
+        return {"type": "http.request", "body": wire, "more_body": False}
+
+    statuses: list[int] = []
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    def scope(body: bytes | None) -> dict[str, Any]:
+        each: dict[str, Any] = {"type": "http", "method": "POST", "path": "/mcp"}
+        each |= {"headers": [], "client": ("10.1.0.1", 4000)}
+        if body is not None:
+            each[BODY] = body
+        return each
+
+    async def run() -> None:
+        await gate(scope(wire), receive, send)
+        # A notification in the scope is not a round: passed on, the rate untouched.
+        await gate(scope(b'{"jsonrpc":"2.0","method":"notifications/initialized"}'), receive, send)
+        await gate(scope(wire), receive, send)  # over the rate: refused from the scope's body
+        await gate(scope(None), receive, send)  # none in the scope: read here, refused too
+
+    asyncio.run(run())
+    assert statuses == [200, 200, 429, 429]
+    # The app got the client's own receive, nothing read before it: the gate read nothing.
+    assert passed == [(receive, 0, wire), (receive, 1, wire)]
+    assert len(reads) == 3, "two reads by the app, one by the gate (no body in the scope)"
+
+
+def test_a_replicas_gate_reads_no_body_the_response_mode_choice_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the replica's whole stack (limits at their defaults, in memory without
+    Redis), a modern round's body is read once, in front; the gate behind FastMCP's own
+    middleware finds it in the same scope."""
+    from starlette.testclient import TestClient
+
+    from mcpfleet.config import ReplicaConfig
+    from mcpfleet.keys.files import write_ring
+    from mcpfleet.keys.ring import KeyRing
+    from mcpfleet.replica import limitgate
+    from mcpfleet.replica.process import build_asgi
+    from mcpfleet.replica.runtime import Replica
+
+    read_here: list[int] = []
+    original = limitgate._read_body
+
+    async def counted(receive: Any) -> Any:
+        read_here.append(1)
+        return await original(receive)
+
+    monkeypatch.setattr(limitgate, "_read_body", counted)
+    write_ring(tmp_path / "keys", KeyRing.generate())
+    replica = Replica(ReplicaConfig(keys_dir=tmp_path / "keys"), KeyRing.generate())
+    assert replica.limiter.rules.any, "limits on, as a user gets them"
+    headers = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "mcp-protocol-version": "2026-07-28",
+        "mcp-method": "tools/list",
+    }
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
+    with TestClient(build_asgi(replica)) as http:
+        answer = http.post("/mcp", json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert "tools" in answer.json()["result"]
+        assert read_here == []
+        handshake = {**headers, "mcp-protocol-version": "2025-11-25", "mcp-method": "initialize"}
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        assert http.post("/mcp", json=init, headers=handshake).status_code == 200
+        assert read_here == [1], "a handshake request, not read in front: the gate reads it"

@@ -54,6 +54,7 @@ from mcpfleet.limits import (
     format_refused,
     principal_of,
 )
+from mcpfleet.replica.respmode import BODY
 
 __all__ = ["MAX_ADDRESS_PRINCIPALS", "MAX_TOOL_LABELS", "LimitGate", "RefusedCredentials"]
 
@@ -106,7 +107,10 @@ class LimitGate:
             if method == "DELETE":
                 await self._delete(scope, receive, send, session)
                 return
-            body, replay = await _read_body(receive)
+            # Read once: the response-mode choice in front left it in the scope.
+            body, replay = scope.get(BODY), receive
+            if body is None:
+                body, replay = await _read_body(receive)
             if body is None:  # too large to hold here: the transport refuses it
                 await self.app(scope, replay, send)
             elif session is None and not modern and is_initialize(body):

@@ -25,7 +25,9 @@ request**, by what the request carries, and no tool needs marking:
   the app as FastMCP built it, unchanged.
 
 The body is read (bounded by mcp's own limit) to decide, then handed on as
-it arrived. A custom notification a tool sends on a request that asked for
+it arrived; the whole body is also left in the scope (:data:`BODY`), where the
+limits gate behind (mcpfleet.replica.limitgate) takes it instead of reading it
+a second time. A custom notification a tool sends on a request that asked for
 neither progress nor logs is dropped in JSON mode, as mcp's JSON mode drops
 it; such an app gets every round in SSE mode with ``--response-mode sse``.
 """
@@ -41,7 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcpfleet.jsonbody import may_be_escaped
 
-__all__ = ["STREAM_MARKERS", "WATCH_AFTER", "ResponseModes", "may_stream"]
+__all__ = ["BODY", "STREAM_MARKERS", "WATCH_AFTER", "ResponseModes", "may_stream"]
 
 _VERSION_HEADER: Final = b"mcp-protocol-version"
 _LENGTH_HEADER: Final = b"content-length"
@@ -51,6 +53,10 @@ WATCH_AFTER: Final = 0.05
 #: Bytes whose presence in a modern request's body means it may be streamed to
 #: (a ``\\u`` escape too: :func:`may_stream`).
 STREAM_MARKERS: Final = (b"progressToken", b"logLevel", b"subscriptions/listen")
+#: The scope key holding a request's whole body once :class:`ResponseModes` read it
+#: (a complete body within the limit; absent otherwise): the layers behind take it
+#: from here. What the app reads through ``receive`` is the same body.
+BODY: Final = "mcpfleet.body"
 
 
 def may_stream(body: bytes) -> bool:
@@ -130,6 +136,7 @@ class ResponseModes:
             await self.app(scope, replay, send)
             return
         body = b"".join(m.get("body", b"") for m in read)
+        scope[BODY] = body
         if may_stream(body):
             await self.app(scope, replay, send)
             return
