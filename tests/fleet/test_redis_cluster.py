@@ -109,6 +109,22 @@ async def test_an_event_published_on_one_replica_reaches_listen_streams_on_every
             assert frame.message["params"]["uri"] == WEEKLY_REPORT, (name, frame.message)
 
 
+async def test_the_rounds_leases_come_from_the_cluster_and_no_check_falls_back(
+    blue: RedisFleet, rig: RedisClusterRig
+) -> None:
+    """The limits per principal at their defaults on a cluster: the rounds' leases are
+    taken from the principal's bucket (a key on its slot's master), and the replies are
+    read: a check whose reply could not be read would fall back to the replica's memory
+    and count in ``mcpfleet_limit_checks_failed_total``, with every round still served."""
+    await scenarios.modern_rounds_spread(blue)
+    with contextlib.closing(rig.admin()) as admin:
+        buckets = list(admin.scan_iter(match=blue.keys.limit("rounds", "*")))
+    assert buckets, "no rounds bucket on the cluster"
+    for name, member in blue.members.items():
+        text = httpx.get(f"{member.url}/metrics", timeout=10).text
+        assert metric_sum(text, "mcpfleet_limit_checks_failed_total") == 0, name
+
+
 async def test_handshake_sessions_stick_on_a_cluster(blue: RedisFleet) -> None:
     await scenarios.handshake_session_sticks(blue)
     await scenarios.concurrent_handshake_sessions(blue, 20)
