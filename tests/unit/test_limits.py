@@ -683,6 +683,7 @@ def test_a_replicas_gate_reads_no_body_the_response_mode_choice_read(
     middleware finds it in the same scope."""
     from starlette.testclient import TestClient
 
+    from fleetkit.clients.wire import MODERN_META, initialize_body
     from mcpfleet.config import ReplicaConfig
     from mcpfleet.keys.files import write_ring
     from mcpfleet.keys.ring import KeyRing
@@ -707,26 +708,12 @@ def test_a_replicas_gate_reads_no_body_the_response_mode_choice_read(
         "mcp-protocol-version": "2026-07-28",
         "mcp-method": "tools/list",
     }
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": MODERN_META}}
     with TestClient(build_asgi(replica)) as http:
         answer = http.post("/mcp", json=body, headers=headers)
         assert answer.status_code == 200, answer.text
         assert "tools" in answer.json()["result"]
         assert read_here == []
         handshake = {**headers, "mcp-protocol-version": "2025-11-25", "mcp-method": "initialize"}
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"},
-            },
-        }
-        assert http.post("/mcp", json=init, headers=handshake).status_code == 200
+        assert http.post("/mcp", content=initialize_body("t"), headers=handshake).status_code == 200
         assert read_here == [1], "a handshake request, not read in front: the gate reads it"
