@@ -31,8 +31,9 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
+from benchkit import inprocess
 from benchkit.roundapp import TOOL
-from benchkit.roundcost import HEADERS, _body
+from benchkit.roundcost import _body
 from mcpfleet.config import ReplicaConfig
 from mcpfleet.contract import RedisKeys
 from mcpfleet.limits import Limiter, LimitRules, Rate
@@ -42,17 +43,13 @@ from mcpfleet.replica.limitgate import LimitGate
 from mcpfleet.replica.respmode import BODY
 
 KEY = "mcpfleet-bench:limitcost"
+#: The headers :mod:`benchkit.inprocess` sends, and those its ``call`` and httpx add.
 _HEADERS = [
-    (k.encode(), v.encode())
-    for k, v in {
-        **HEADERS,
-        "host": "127.0.0.1:8000",
-        "mcp-name": TOOL,
-        "x-forwarded-for": "10.0.0.1",
-        "content-length": "300",
-        "user-agent": "python-httpx/0.28.1",
-        "accept-encoding": "gzip, deflate",
-    }.items()
+    *inprocess._HEADERS,
+    (b"x-forwarded-for", b"10.0.0.1"),
+    (b"content-length", b"300"),
+    (b"user-agent", b"python-httpx/0.28.1"),
+    (b"accept-encoding", b"gzip, deflate"),
 ]
 
 

@@ -21,8 +21,8 @@ __all__ = ["ADMIT", "RENEW", "TAKE", "CapStore", "RateStore"]
 #: wanted. Returns one status line of three whole numbers: ``"granted wait left"``
 #: (the requests granted, us until one more is allowed when none was, the requests
 #: the bucket still had room for after the grant). One line, not an array of three:
-#: the replica's driver reads it in one line where an array took four (about a sixth
-#: of the lease's CPU in this process: docs/performance.md).
+#: the replica's driver reads it in one line where an array took four
+#: (docs/performance.md, "The replica").
 TAKE: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
